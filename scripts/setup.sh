@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One command that makes a working SparseLift checkout: .venv with the pinned stack + the package.
+# GPU hosts: SPARSELIFT_GPU=1 scripts/setup.sh swaps fbgemm-gpu-cpu for fbgemm-gpu of the same version.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+pip=(.venv/bin/python -m pip install --disable-pip-version-check -q)
+if [ "${SPARSELIFT_GPU:-0}" = 1 ]; then
+  sed 's/^fbgemm-gpu-cpu==/fbgemm-gpu==/' requirements.txt > .venv/requirements.txt
+else
+  cp requirements.txt .venv/requirements.txt
+fi
+"${pip[@]}" -r .venv/requirements.txt
+"${pip[@]}" --no-deps torchrec==1.8.0
+"${pip[@]}" --no-deps --no-build-isolation -e .
+touch .venv/.installed
+echo "sparselift: .venv ready ($(.venv/bin/python -c 'import torch, torchrec, fbgemm_gpu; print("torch", torch.__version__, "torchrec", torchrec.__version__)'))"

@@ -1,0 +1,52 @@
+"""Real Criteo input: TorchRec's preprocessed `.npy` day files, as an alternative to synthetic batches.
+
+The files are those `torchrec.datasets.criteo.BinaryCriteoUtils` writes (`day_<N>_dense.npy`,
+`day_<N>_sparse.npy`, `day_<N>_labels.npy`); reading and hashing is TorchRec's own
+`InMemoryBinaryCriteoIterDataPipe`. Features are named `cat_0` … `cat_25`, as in `criteo-kaggle`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Iterator
+
+from torchrec.datasets.criteo import CAT_FEATURE_COUNT, InMemoryBinaryCriteoIterDataPipe
+from torchrec.datasets.utils import Batch
+
+from sparselift.errors import UserError
+
+_DAY = re.compile(r"day_(\d+)_dense\.npy$")
+
+
+def day_files(data_dir: str | Path) -> tuple[list[str], list[str], list[str]]:
+    """Dense, sparse and label paths of every complete day in `data_dir`, in day order."""
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise UserError(f"--data {root}: not a directory")
+    days = sorted(int(m.group(1)) for p in root.iterdir() if (m := _DAY.search(p.name)))
+    if not days:
+        raise UserError(f"--data {root}: no day_<N>_dense.npy files (TorchRec's preprocessed Criteo format)")
+    paths: tuple[list[str], list[str], list[str]] = ([], [], [])
+    for d in days:
+        for kind, out in zip(("dense", "sparse", "labels"), paths):
+            p = root / f"day_{d}_{kind}.npy"
+            if not p.is_file():
+                raise UserError(f"--data {root}: day {d} has no {p.name}")
+            out.append(str(p))
+    return paths
+
+
+def criteo_batches(data_dir: str | Path, batch_size: int, rank: int, world_size: int,
+                   max_rows: int | None) -> Iterator[Batch]:
+    """Endless batches of this rank's share of the days, ids hashed into `max_rows` if given."""
+    dense, sparse, labels = day_files(data_dir)
+    pipe = InMemoryBinaryCriteoIterDataPipe(
+        stage="train", dense_paths=dense, sparse_paths=sparse, labels_paths=labels,
+        batch_size=batch_size, rank=rank, world_size=world_size, drop_last=True,
+        hashes=[max_rows] * CAT_FEATURE_COUNT if max_rows else None,
+    )
+    if len(pipe) == 0:
+        raise UserError(f"--data {data_dir}: fewer than {batch_size * world_size} samples for one batch per rank")
+    return itertools.chain.from_iterable(itertools.repeat(pipe))

@@ -1,0 +1,54 @@
+"""What each launched rank runs: `python -m sparselift.workloads.worker CONFIG RESULT_DIR`.
+
+A rank writes its result atomically, leaves the process group, and then ends with `os._exit`:
+after training, background C++ threads of the process group (gloo's, the c10d store's) can still be
+joinable when the interpreter tears down static objects, which aborts the process with
+"terminate called without an active exception" and turns a finished run into a failure. Exiting
+directly after an orderly `destroy_process_group()` skips that teardown, so the exit code reports
+what the run did. Failures go to torchelastic's error file, which the launcher reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    cfg_path, out_dir = argv
+    from sparselift.workloads.harness import TrainConfig, train_rank
+
+    cfg = TrainConfig(**json.loads(Path(cfg_path).read_text()))
+    result = train_rank(cfg)
+    path = Path(out_dir, f"rank{result.rank}.json")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(result)))
+    os.replace(tmp, path)
+    return 0
+
+
+if __name__ == "__main__":
+    code = 0
+    try:
+        code = main(sys.argv[1:])
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        traceback.print_exc()
+        ErrorHandler().record_exception(e)
+        code = 1
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
