@@ -47,9 +47,10 @@ class ConcatMLP(nn.Module):
         return self.over_arch(torch.cat([self.dense_arch(dense_features), pooled], dim=1))
 
 
-def build_model(spec: WorkloadSpec, dense_device: torch.device | None = None) -> DLRMTrain:
-    """The train module (loss + logits) for `spec`, embedding tables on `meta`."""
-    ebc = EmbeddingBagCollection(tables=table_configs(spec), device=torch.device("meta"))
+def build_model(spec: WorkloadSpec, dense_device: torch.device | None = None,
+                embedding_device: torch.device = torch.device("meta")) -> DLRMTrain:
+    """The train module (loss + logits) for `spec`; tables on `meta` unless asked (unsharded use)."""
+    ebc = EmbeddingBagCollection(tables=table_configs(spec), device=embedding_device)
     m = spec.model
     common = dict(dense_in_features=spec.dense_in_features, dense_arch_layer_sizes=list(m.dense_arch),
                   over_arch_layer_sizes=list(m.over_arch), dense_device=dense_device)

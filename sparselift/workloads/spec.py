@@ -68,6 +68,7 @@ class WorkloadSpec:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("source")
+        d["tables"] = list(d["tables"])
         for t in d["tables"]:
             if not t["feature_names"]:
                 t.pop("feature_names")

@@ -18,8 +18,20 @@ from dataclasses import asdict
 from pathlib import Path
 
 
+def quiet_library_noise() -> None:
+    """TorchRec and torch warn on every rank about deprecations the user cannot act on."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch(rec)?\.")
+    for name in ("torchrec", "torch.fx", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str]) -> int:
     cfg_path, out_dir = argv
+    quiet_library_noise()
     from sparselift.workloads.harness import TrainConfig, train_rank
 
     cfg = TrainConfig(**json.loads(Path(cfg_path).read_text()))

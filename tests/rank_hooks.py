@@ -1,0 +1,41 @@
+"""Hooks the harness loads inside launched ranks during tests (`TrainConfig.hook = "rank_hooks:…"`)."""
+
+from __future__ import annotations
+
+
+class CrashOnRank:
+    """Raise on one rank at one step, to check that a crash ends the whole job quickly."""
+
+    def __init__(self, ctx, rank: int = 1, step: int = 1) -> None:
+        self.ctx, self.rank, self.step = ctx, rank, step
+
+    def step_begin(self, step: int) -> None:
+        if self.ctx.rank == self.rank and step == self.step:
+            raise RuntimeError(f"injected failure on rank {self.rank}")
+
+    def step_end(self, step: int) -> None:
+        pass
+
+    def finish(self) -> dict:
+        return {}
+
+
+class ShardingTypes:
+    """Report how each table was sharded on this rank, for assertions in the parent."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+
+    def step_begin(self, step: int) -> None:
+        pass
+
+    def step_end(self, step: int) -> None:
+        pass
+
+    def finish(self) -> dict:
+        out = {}
+        for module_path, module_plan in self.ctx.model.plan.plan.items():
+            for table, ps in module_plan.items():
+                out[table] = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel,
+                              "ranks": ps.ranks}
+        return {"tables": out, "device": str(self.ctx.device), "world_size": self.ctx.world_size}

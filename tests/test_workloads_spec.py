@@ -1,0 +1,88 @@
+"""Workload specs: built-ins load, every bad input gets one line and exit code 2."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from sparselift.errors import UserError
+from sparselift.workloads import builtin_names, load_workload
+from sparselift.workloads.spec import parse_workload
+
+
+def test_builtins_match_shared_specs():
+    assert {"tiny", "criteo-kaggle", "multihot-26"} <= set(builtin_names())
+    tiny = load_workload("tiny")
+    assert len(tiny.tables) == 8 and tiny.batch_size == 256
+    assert tiny.tables[2].pooling == "poisson" and tiny.tables[2].pooling_factor == 4
+    kaggle = load_workload("criteo-kaggle")
+    assert sum(t.num_embeddings for t in kaggle.tables) == 33_762_577
+    assert sum(t.pooling_factor for t in load_workload("multihot-26").tables) == 214
+
+
+def test_load_by_path_roundtrips(write_json):
+    spec = load_workload("tiny")
+    again = load_workload(write_json(spec.to_dict()))
+    assert again.tables == spec.tables and again.model == spec.model
+
+
+def test_capped_hashes_rows_down():
+    spec = load_workload("criteo-kaggle").capped(1_000_000)
+    assert max(t.num_embeddings for t in spec.tables) == 1_000_000
+    assert min(t.num_embeddings for t in spec.tables) == 3
+
+
+def _tiny_dict():
+    return load_workload("tiny").to_dict()
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda d: d["tables"][3].update(num_embeddings=0), "table 't3': num_embeddings must be positive"),
+    (lambda d: d["tables"][1].update(embedding_dim=-4), "table 't1': embedding_dim must be positive"),
+    (lambda d: d["tables"][0].update(embedding_dim=16), "tables t0 differ"),
+    (lambda d: d["tables"][0].update(pooling="gauss"), "pooling 'gauss' is not one of"),
+    (lambda d: d["tables"].clear(), "no tables"),
+    (lambda d: d["tables"].append(copy.deepcopy(d["tables"][0])), "table name 't0' appears twice"),
+    (lambda d: d.pop("batch_size"), "missing key 'batch_size'"),
+    (lambda d: d["model"].update(arch="transformer"), "model.arch 'transformer'"),
+    (lambda d: d["tables"][0].update(num_embeddings="many"), "'num_embeddings' must be an integer"),
+])
+def test_bad_specs_are_refused_with_the_table_named(mutate, needle):
+    d = _tiny_dict()
+    mutate(d)
+    with pytest.raises(UserError, match=None) as e:
+        parse_workload(d, "spec.json")
+    assert needle in str(e.value) and str(e.value).startswith("spec.json")
+
+
+def test_concat_mlp_allows_mixed_dims():
+    d = _tiny_dict()
+    d["model"]["arch"] = "concat-mlp"
+    d["tables"][0]["embedding_dim"] = 16
+    assert parse_workload(d, "x").tables[0].embedding_dim == 16
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--workload", "no-such-workload"], "unknown workload 'no-such-workload'"),
+    (["--workload", "tiny", "--nproc", "0"], "--nproc must be at least 1"),
+])
+def test_cli_bad_input_exit_2(cli, args, needle):
+    code, _, err = cli("train", *args)
+    assert code == 2 and needle in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_malformed_json_and_bad_dims(cli, write_json):
+    code, _, err = cli("train", "--workload", write_json('{"name": "x",', "broken.json"))
+    assert code == 2 and "broken.json: malformed JSON at line 1" in err
+    d = _tiny_dict()
+    d["tables"][5]["embedding_dim"] = 8
+    code, _, err = cli("train", "--workload", write_json(d, "dims.json"))
+    assert code == 2 and "dims.json" in err and "t5" in err and "dense_arch's last layer (32)" in err
+
+
+def test_cli_lists_workloads(cli):
+    code, out, _ = cli("workloads")
+    assert code == 0 and "criteo-kaggle" in out and "multihot-26" in out
