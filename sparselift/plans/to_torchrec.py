@@ -1,0 +1,151 @@
+"""A plan → TorchRec objects: ShardingPlan, sharders with qcomm codecs, train pipeline, DMP, PlanLoader.
+
+Module paths are found by walking the model for its EmbeddingBagCollections, never hard-coded:
+DLRM keeps its tables at `model.sparse_arch.embedding_bag_collection`, other models elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torchrec.distributed.embedding_types import ShardingType
+from torchrec.distributed.planner.types import PlanLoader
+from torchrec.distributed.planner.types import Shard as TorchRecShard
+from torchrec.distributed.planner.types import ShardingOption
+from torchrec.distributed.sharding_plan import placement
+from torchrec.distributed.types import (CacheParams, EmbeddingModuleShardingPlan, EnumerableShardingSpec,
+                                        ParameterSharding, ShardingPlan, ShardMetadata)
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from sparselift.plans.errors import PlanError
+from sparselift.plans.plan import Plan, TableFingerprint, TablePlan
+
+
+def model_tables(model: nn.Module) -> list[tuple[str, TableFingerprint]]:
+    """(module path, table) for every table of every EmbeddingBagCollection in `model`."""
+    out = []
+    for path, m in model.named_modules():
+        if isinstance(m, EmbeddingBagCollection):
+            for c in m.embedding_bag_configs():
+                out.append((path, TableFingerprint(name=c.name, num_embeddings=c.num_embeddings,
+                                                   embedding_dim=c.embedding_dim,
+                                                   feature_names=tuple(c.feature_names))))
+    return out
+
+
+def _table_paths(plan: Plan, model: nn.Module | None) -> dict[str, str]:
+    if model is None:
+        return {t.name: plan.module or "" for t in plan.model}
+    paths = {t.name: path for path, t in model_tables(model)}
+    missing = [t.name for t in plan.tables if t.name not in paths]
+    if missing:
+        raise PlanError(plan.source, [f"table {n!r} is in the plan but not in the model" for n in missing])
+    return paths
+
+
+def parameter_sharding(t: TablePlan, plan: Plan, device_type: str | None = None) -> ParameterSharding:
+    device_type = device_type or plan.topology.device
+    local = plan.topology.local_world_size
+    spec = None
+    if t.sharding_type != ShardingType.DATA_PARALLEL.value:
+        spec = EnumerableShardingSpec([
+            ShardMetadata(shard_offsets=list(s.offsets), shard_sizes=list(s.sizes),
+                          placement=placement(device_type, s.rank, local))
+            for s in t.shards
+        ])
+    return ParameterSharding(
+        sharding_type=t.sharding_type, compute_kernel=t.compute_kernel, ranks=list(t.ranks), sharding_spec=spec,
+        cache_params=CacheParams(load_factor=t.cache_load_factor) if t.cache_load_factor is not None else None,
+    )
+
+
+def sharding_plan(plan: Plan, model: nn.Module | None = None, device_type: str | None = None) -> ShardingPlan:
+    """TorchRec's ShardingPlan: {module path: {table: ParameterSharding}}."""
+    paths = _table_paths(plan, model)
+    modules: dict[str, EmbeddingModuleShardingPlan] = {}
+    for t in plan.tables:
+        module_plan = modules.setdefault(paths[t.name], EmbeddingModuleShardingPlan())
+        module_plan[t.name] = parameter_sharding(t, plan, device_type)
+    return ShardingPlan(plan=dict(modules))
+
+
+def sharders(plan: Plan, device: torch.device | None = None) -> list[Any]:
+    """The EmbeddingBagCollection sharder, with qcomm codecs when a collective is not fp32."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+
+    cp = plan.comm_precision
+    registry = get_qcomm_codecs_registry(
+        QCommsConfig(forward_precision=CommType(cp.forward), backward_precision=CommType(cp.backward)),
+        device=device or torch.device(plan.topology.device),
+    )
+    return [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)]
+
+
+def pipeline_class(name: str) -> type:
+    from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
+
+    return {"base": TrainPipelineBase, "sparse-dist": TrainPipelineSparseDist}[name]
+
+
+def apply(plan: Plan, model: nn.Module, pg: Any, device: torch.device):
+    """Fail closed: check model, world size and device kind first, then build the DMP model."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    device = torch.device(device)
+    problems = []
+    if device.type != plan.topology.device:
+        problems.append(f"plan is for {plan.topology.device}, this job runs on {device.type}")
+    try:
+        plan.check(model, pg.size())
+    except PlanError as e:
+        problems = e.problems + problems
+    if problems:
+        raise PlanError(plan.source, problems)
+    return DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), device=device,
+                                    plan=sharding_plan(plan, model, device.type),
+                                    sharders=sharders(plan, device))
+
+
+class SparseLiftPlanLoader(PlanLoader):
+    """Serves a SparseLift plan to `EmbeddingShardingPlanner(plan_loader=...)`.
+
+    TorchRec matches loaded options to its enumerated ones by `storage_hash` (table FQN, sharding type,
+    kernel, cache load factor, number of shards) and takes only the shards (sizes, offsets, ranks)
+    from us, so a plan whose option TorchRec does not enumerate (e.g. a column split it would not
+    make) is refused by the planner.
+    """
+
+    def __init__(self, plan: Plan, model: nn.Module | None = None) -> None:
+        self._plan = plan
+        self._paths = _table_paths(plan, model)
+        self._fingerprints = {t.name: t for t in plan.model}
+
+    def get_plan_id(self) -> str:
+        return self._plan.source
+
+    def plan_context_hash(self) -> str | None:
+        return None  # the plan carries its own fingerprint; check() compares it
+
+    def load(self) -> dict[int, ShardingOption]:
+        out = {}
+        world = self._plan.topology.world_size
+        for t in self._plan.tables:
+            fp = self._fingerprints[t.name]
+            shape = (fp.num_embeddings, fp.embedding_dim)
+            if t.sharding_type == ShardingType.DATA_PARALLEL.value:
+                shards = [TorchRecShard(size=list(shape), offset=[0, 0], rank=r) for r in range(world)]
+            else:
+                shards = [TorchRecShard(size=list(s.sizes), offset=list(s.offsets), rank=s.rank) for s in t.shards]
+            option = ShardingOption(
+                name=t.name, tensor=torch.empty(shape, device="meta"), module=(self._paths[t.name], nn.Module()),
+                input_lengths=[1.0] * len(fp.feature_names), batch_size=0, sharding_type=t.sharding_type,
+                partition_by="", compute_kernel=t.compute_kernel, shards=shards,
+                cache_params=CacheParams(load_factor=t.cache_load_factor) if t.cache_load_factor is not None else None,
+                is_pooled=True, feature_names=list(fp.feature_names),
+            )
+            out[option.storage_hash()] = option
+        return out
