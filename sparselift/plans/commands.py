@@ -1,0 +1,155 @@
+"""`sparselift plan show|validate|diff|from-torchrec|round-robin` and `sparselift bench`.
+
+CLI code: unlike the loader it may import the rest of SparseLift (workload specs, model builders).
+Bad input raises PlanError / UserError, which the CLI prints as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sparselift.plans.baselines import DEVICE_PRESETS
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="inspect, check, compare and export sharding plans")
+    psub = p.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
+
+    q = psub.add_parser("show", help="per-table and per-rank view of a plan")
+    q.add_argument("plan")
+    q.set_defaults(run=run_show, command="plan show")
+
+    q = psub.add_parser("validate", help="check a plan file, and optionally that it fits a workload")
+    q.add_argument("plan")
+    q.add_argument("--workload", default=None, help="also check the plan against this workload's tables")
+    q.add_argument("--max-rows", type=int, default=None, help="the workload's row cap the plan was made for")
+    q.add_argument("--world-size", type=int, default=None, help="ranks it will run on (default: the plan's)")
+    q.set_defaults(run=run_validate, command="plan validate")
+
+    q = psub.add_parser("diff", help="what differs between plan A and plan B")
+    q.add_argument("a")
+    q.add_argument("b")
+    q.set_defaults(run=run_diff, command="plan diff")
+
+    q = psub.add_parser("from-torchrec", help="export the plan TorchRec's EmbeddingShardingPlanner makes")
+    _add_topology_args(q)
+    q.add_argument("--batch-size", type=int, default=None, help="per rank (default: the workload's)")
+    q.set_defaults(run=run_from_torchrec, command="plan from-torchrec")
+
+    q = psub.add_parser("round-robin", help="write the DLRM reference plan: table i whole on rank i mod N")
+    _add_topology_args(q)
+    q.set_defaults(run=run_round_robin, command="plan round-robin")
+
+    from sparselift.bench import register as register_bench
+
+    register_bench(sub)
+
+
+def _add_topology_args(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--workload", required=True)
+    q.add_argument("--world-size", type=int, required=True)
+    q.add_argument("--local-world-size", type=int, default=None, help="ranks per host (default: world size)")
+    q.add_argument("--device", default="cpu", help=f"device preset: {', '.join(DEVICE_PRESETS)} (default cpu)")
+    q.add_argument("--max-rows", type=int, default=None, help="hash ids into at most this many rows per table")
+    q.add_argument("--out", required=True, help="plan file to write")
+
+
+def workload_tables(workload: str, max_rows: int | None) -> tuple[Any, list[dict[str, Any]]]:
+    """The (capped) workload spec and its tables as plan fingerprints."""
+    from sparselift.workloads.spec import load_workload
+
+    spec = load_workload(workload).capped(max_rows)
+    return spec, [dict(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                       feature_names=list(t.features)) for t in spec.tables]
+
+
+def _topology(args: argparse.Namespace):
+    from sparselift.errors import UserError
+    from sparselift.plans.plan import PlanTopology
+
+    if args.device not in DEVICE_PRESETS:
+        raise UserError(f"unknown --device preset {args.device!r} (known: {', '.join(DEVICE_PRESETS)})")
+    local = args.local_world_size or args.world_size
+    if args.world_size < 1 or local < 1 or args.world_size % local:
+        raise UserError(f"--world-size {args.world_size} must be a positive multiple of --local-world-size {local}")
+    return PlanTopology(world_size=args.world_size, local_world_size=local,
+                        device=DEVICE_PRESETS[args.device]["device"],
+                        preset=None if args.device == DEVICE_PRESETS[args.device]["device"] else args.device)
+
+
+def _provenance(args: argparse.Namespace, how: str) -> dict[str, Any]:
+    import torch
+    import torchrec
+
+    import sparselift
+
+    return {"made_by": how, "workload": args.workload, "max_rows": args.max_rows,
+            "versions": {"sparselift": getattr(sparselift, "__version__", None), "torch": torch.__version__,
+                         "torchrec": getattr(torchrec, "__version__", None)}}
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from sparselift.plans import load
+    from sparselift.plans.render import show
+
+    print(show(load(args.plan)))
+    return 0
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from sparselift.plans import load
+
+    plan = load(args.plan)
+    world = args.world_size or plan.topology.world_size
+    what = ""
+    if args.workload:
+        _, tables = workload_tables(args.workload, args.max_rows)
+        plan.check_spec(tables, world)
+        what = f", fits {args.workload}" + (f" --max-rows {args.max_rows}" if args.max_rows else "")
+    print(f"{args.plan}: valid plan, {len(plan.tables)} tables on {world} ranks{what}")
+    return 0
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from sparselift.plans import load
+    from sparselift.plans.render import diff
+
+    a, b = load(args.a), load(args.b)
+    lines = diff(a, b)
+    print("\n".join(lines) if lines else "the plans shard identically")
+    return 0
+
+
+def run_from_torchrec(args: argparse.Namespace) -> int:
+    import torch
+
+    from sparselift.plans import from_torchrec, save, torchrec_plan
+    from sparselift.workloads.models import build_model
+
+    topology = _topology(args)
+    spec, tables = workload_tables(args.workload, args.max_rows)
+    model = build_model(spec, dense_device=torch.device("cpu"))
+    batch = args.batch_size or spec.batch_size
+    plan = from_torchrec(torchrec_plan(model, topology, batch), tables, topology,
+                         provenance={**_provenance(args, "sparselift plan from-torchrec"), "batch_size": batch})
+    save(plan, args.out)
+    print(f"wrote {args.out}: TorchRec's plan for {spec.name} on {topology.world_size} {topology.device} ranks")
+    return 0
+
+
+def run_round_robin(args: argparse.Namespace) -> int:
+    import torch
+
+    from sparselift.plans import round_robin_table_wise, save
+    from sparselift.plans.to_torchrec import model_tables
+    from sparselift.workloads.models import build_model
+
+    topology = _topology(args)
+    spec, tables = workload_tables(args.workload, args.max_rows)
+    paths = {path for path, _ in model_tables(build_model(spec, dense_device=torch.device("cpu")))}
+    plan = round_robin_table_wise(tables, topology, module=paths.pop() if len(paths) == 1 else None,
+                                  provenance=_provenance(args, "sparselift plan round-robin"))
+    save(plan, args.out)
+    print(f"wrote {args.out}: round-robin table-wise plan for {spec.name} on {topology.world_size} ranks")
+    return 0

@@ -1,0 +1,119 @@
+"""Plain-text views of plans for people: per table, per rank, and the difference of two plans."""
+
+from __future__ import annotations
+
+from sparselift.plans.plan import Plan, TablePlan
+
+SHORT = {"data_parallel": "DP", "table_wise": "TW", "row_wise": "RW", "column_wise": "CW",
+         "table_row_wise": "TWRW", "table_column_wise": "TWCW"}
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def _shards(t: TablePlan) -> str:
+    if t.sharding_type == "data_parallel":
+        return "whole table on every rank"
+    if t.sharding_type == "table_wise":
+        return f"rank {t.shards[0].rank}"
+    axis = 0 if t.sharding_type in ("row_wise", "table_row_wise") else 1
+    word = "rows" if axis == 0 else "cols"
+    return ", ".join(f"r{s.rank}:{word} {s.offsets[axis]}-{s.offsets[axis] + s.sizes[axis]}" for s in t.shards)
+
+
+def rank_elements(plan: Plan) -> list[dict[str, int]]:
+    """Per rank: tables touched and embedding elements held (rows × cols summed over its shards)."""
+    fps = {t.name: t for t in plan.model}
+    out = [{"tables": 0, "elements": 0} for _ in range(plan.topology.world_size)]
+    for t in plan.tables:
+        fp = fps[t.name]
+        if t.sharding_type == "data_parallel":
+            for r in range(plan.topology.world_size):
+                out[r]["tables"] += 1
+                out[r]["elements"] += fp.num_embeddings * fp.embedding_dim
+            continue
+        for r in sorted({s.rank for s in t.shards}):
+            out[r]["tables"] += 1
+        for s in t.shards:
+            out[s.rank]["elements"] += s.sizes[0] * s.sizes[1]
+    return out
+
+
+def show(plan: Plan) -> str:
+    topo = plan.topology
+    lines = [
+        f"plan {plan.source}",
+        f"  topology    {topo.world_size} ranks ({topo.local_world_size} per host), {topo.device}"
+        + (f", preset {topo.preset}" if topo.preset else ""),
+        f"  pipeline    {plan.pipeline}",
+        f"  comm        forward {plan.comm_precision.forward}, backward {plan.comm_precision.backward}",
+        f"  model       {len(plan.model)} tables" + (f" in {plan.module}" if plan.module else ""),
+    ]
+    if plan.solver:
+        facts = ", ".join(f"{k} {plan.solver[k]}" for k in ("status", "objective", "bound", "gap", "time_s", "seed")
+                          if plan.solver.get(k) is not None)
+        lines.append(f"  solver      {plan.solver.get('name', '?')}" + (f" ({facts})" if facts else ""))
+    fps = {t.name: t for t in plan.model}
+    name_w = max(5, *(len(t.name) for t in plan.tables))
+    lines += ["", "per table", f"  {'table':{name_w}s} {'rows':>11s} {'dim':>5s}  {'type':4s}  {'kernel':17s} shards"]
+    for t in sorted(plan.tables, key=lambda t: list(fps).index(t.name)):
+        fp = fps[t.name]
+        kernel = t.compute_kernel + (f" lf={t.cache_load_factor:g}" if t.cache_load_factor is not None else "")
+        lines.append(f"  {t.name:{name_w}s} {fp.num_embeddings:11,d} {fp.embedding_dim:5d}  "
+                     f"{SHORT[t.sharding_type]:4s}  {kernel:17s} {_shards(t)}")
+    per_rank = rank_elements(plan)
+    predicted = {p.get("rank"): p for p in (plan.predicted or {}).get("per_rank", []) or []}
+    total = sum(r["elements"] for r in per_rank) or 1
+    lines += ["", "per rank", f"  {'rank':>4s} {'tables':>6s} {'elements':>14s} {'fp32 weights':>13s} {'share':>6s}"
+              + ("   predicted compute / comm / memory" if predicted else "")]
+    for r, v in enumerate(per_rank):
+        line = (f"  {r:4d} {v['tables']:6d} {v['elements']:14,d} {_bytes(4 * v['elements']):>13s} "
+                f"{100 * v['elements'] / total:5.1f}%")
+        p = predicted.get(r)
+        if p:
+            line += "   " + " / ".join(
+                "-" if p.get(k) is None else (_bytes(p[k]) if k == "memory_bytes" else f"{p[k] * 1e3:.2f} ms")
+                for k in ("compute_s", "comm_s", "memory_bytes"))
+        lines.append(line)
+    step = (plan.predicted or {}).get("step_time_s")
+    if step is not None:
+        lines.append(f"  predicted step time {step * 1e3:.2f} ms")
+    return "\n".join(lines)
+
+
+def diff(a: Plan, b: Plan) -> list[str]:
+    """One line per difference between plan `a` and plan `b`; [] if they shard identically."""
+    out = []
+    for what, x, y in (("topology", a.topology, b.topology), ("pipeline", a.pipeline, b.pipeline),
+                       ("comm_precision", a.comm_precision, b.comm_precision)):
+        if x != y:
+            out.append(f"{what}: {x} -> {y}")
+    fa, fb = {t.name: t for t in a.model}, {t.name: t for t in b.model}
+    for name in fa:
+        if name not in fb:
+            out.append(f"model: table {name!r} only in A")
+        elif fa[name] != fb[name]:
+            out.append(f"model: table {name!r}: {fa[name]} -> {fb[name]}")
+    out += [f"model: table {name!r} only in B" for name in fb if name not in fa]
+    ta, tb = {t.name: t for t in a.tables}, {t.name: t for t in b.tables}
+    for name, x in ta.items():
+        y = tb.get(name)
+        if y is None:
+            continue
+        changes = []
+        if x.sharding_type != y.sharding_type:
+            changes.append(f"{x.sharding_type} -> {y.sharding_type}")
+        if x.compute_kernel != y.compute_kernel:
+            changes.append(f"kernel {x.compute_kernel} -> {y.compute_kernel}")
+        if x.cache_load_factor != y.cache_load_factor:
+            changes.append(f"cache_load_factor {x.cache_load_factor} -> {y.cache_load_factor}")
+        if x.shards != y.shards or x.ranks != y.ranks:
+            changes.append(f"{_shards(x)} -> {_shards(y)}")
+        if changes:
+            out.append(f"table {name}: " + "; ".join(changes))
+    return out
