@@ -1,0 +1,129 @@
+"""Capture the KJTs each sharded embedding module receives, during the profiled window only.
+
+The capture wraps the module's `input_dist` (an instance attribute over the bound method, removed
+after the window): both TorchRec's plain forward (`ShardedModule.forward` → `input_dist`) and the
+sparse-dist pipeline (which calls `module.input_dist` directly, one batch ahead) go through it,
+whereas a forward pre-hook sees only the placeholder arguments of the pipelined forward. Only
+references are kept while training; statistics are computed after the window (`stats.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from sparselift.errors import UserError
+
+
+class NoShardedEmbeddingError(UserError):
+    """The model given to the profiler has no TorchRec sharded embedding module."""
+
+
+@dataclass(frozen=True)
+class TableMeta:
+    """One embedding table as the sharded module declares it."""
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    features: tuple[str, ...]
+    pooling_type: str  # SUM / MEAN for bags, NONE for sequence embeddings
+    module: str  # path of the sharded module inside the model
+
+
+@dataclass
+class Capture:
+    """One KJT as a sharded module received it."""
+
+    step: int
+    module: str
+    kjt: Any  # torchrec KeyedJaggedTensor
+
+
+def _configs(module: nn.Module) -> list[Any] | None:
+    for attr in ("_embedding_bag_configs", "_embedding_configs"):
+        cfgs = getattr(module, attr, None)
+        if cfgs:
+            return list(cfgs)
+    return None
+
+
+def find_sharded_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The outermost TorchRec sharded embedding modules (ShardedEmbeddingBagCollection, …) in `model`."""
+    from torchrec.distributed.types import ShardedModule
+
+    found: list[tuple[str, nn.Module]] = []
+    for path, m in model.named_modules():
+        if isinstance(m, ShardedModule) and _configs(m) is not None and hasattr(m, "input_dist"):
+            if not any(path.startswith(p + ".") for p, _ in found):
+                found.append((path, m))
+    if not found:
+        raise NoShardedEmbeddingError(
+            f"the profiler needs a model sharded by TorchRec (DistributedModelParallel) with at least one "
+            f"sharded embedding module (ShardedEmbeddingBagCollection or ShardedEmbeddingCollection); "
+            f"{type(model).__name__} has none"
+        )
+    return found
+
+
+def clean_path(path: str) -> str:
+    """The module path as written in DMP's sharding plan (without DMP / DDP wrapper prefixes)."""
+    for prefix in ("_dmp_wrapped_module.", "module."):
+        if path.startswith(prefix):
+            path = path[len(prefix):]
+    return path
+
+
+def table_metas(modules: list[tuple[str, nn.Module]]) -> list[TableMeta]:
+    metas = []
+    for path, m in modules:
+        for c in _configs(m) or []:
+            pooling = getattr(c, "pooling", None)
+            metas.append(TableMeta(name=c.name, num_embeddings=int(c.num_embeddings),
+                                   embedding_dim=int(c.embedding_dim), features=tuple(c.feature_names),
+                                   pooling_type=getattr(pooling, "name", "NONE"), module=clean_path(path)))
+    return metas
+
+
+def _find_kjt(args: tuple, kwargs: dict) -> Any:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, KeyedJaggedTensor):
+            return a
+    return None
+
+
+@dataclass
+class AccessRecorder:
+    """Wraps `input_dist` of each sharded module while attached; `step` labels what it sees."""
+
+    modules: list[tuple[str, nn.Module]]
+    step: int | None = None
+    captures: list[Capture] = field(default_factory=list)
+    _attached: bool = False
+
+    def attach(self) -> None:
+        for path, m in self.modules:
+            m.input_dist = self._wrap(path, m.input_dist)
+        self._attached = True
+
+    def detach(self) -> None:
+        """Remove the wrappers: the class's input_dist is what runs afterwards."""
+        if not self._attached:
+            return
+        for _, m in self.modules:
+            m.__dict__.pop("input_dist", None)
+        self._attached = False
+
+    def _wrap(self, path: str, original):
+        def input_dist(*args, **kwargs):
+            if self.step is not None:
+                kjt = _find_kjt(args, kwargs)
+                if kjt is not None:
+                    self.captures.append(Capture(self.step, path, kjt))
+            return original(*args, **kwargs)
+
+        return input_dist

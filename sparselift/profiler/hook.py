@@ -1,0 +1,20 @@
+"""The harness adapter: `TrainConfig.hook = "sparselift.profiler.hook:make_hook"`.
+
+Each rank gets a `ProfileSession` that writes its own trace; rank 0's `finish()` carries the merged
+access-statistics rows and manifest facts back to the parent (RankResult.extra), which writes
+access_stats.parquet and manifest.json — so ranks never import pandas.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparselift.profiler.session import ProfileSession
+
+
+def make_hook(ctx: Any, *, out_dir: str, warmup: int, steps: int, execution_trace: bool = True,
+              command: list[str] | None = None) -> ProfileSession:
+    return ProfileSession(out_dir, ctx.model, warmup=warmup, steps=steps, execution_trace=execution_trace,
+                          pipeline=ctx.pipeline, write_files=False, command=command,
+                          spec_tables={t.name: t for t in ctx.spec.tables}, workload=ctx.spec.name,
+                          device=ctx.device)

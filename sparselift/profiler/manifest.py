@@ -1,0 +1,103 @@
+"""manifest.json of a profile directory: what ran, so later stages never have to guess.
+
+Format "sparselift-profile", version 1. Keys (all always present; unknown values are null):
+  format, version, created_unix, versions{sparselift, torch, torchrec, fbgemm_gpu, python},
+  command, workload, world_size, local_world_size, device, backend, batch_size,
+  warmup, profiled_steps[], tables[{name, num_embeddings, embedding_dim, feature_names, pooling,
+  pooling_factor, zipf_alpha, pooling_type, module, zipf_alpha_fitted}],
+  sharding[{table, module, sharding_type, compute_kernel, ranks, shards[{rank, offsets, sizes}],
+  cache_load_factor}], pipeline, step_times_s[rank][step], peak_memory_bytes[rank],
+  files{traces[], execution_traces[], access_stats}, errors[].
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FORMAT = "sparselift-profile"
+VERSION = 1
+
+
+def versions() -> dict[str, str | None]:
+    import torch
+
+    import sparselift
+
+    def _v(module: str) -> str | None:
+        try:
+            return getattr(__import__(module), "__version__", None)
+        except Exception:  # noqa: BLE001 - a missing optional package is just unknown
+            return None
+
+    return dict(sparselift=sparselift.__version__, torch=torch.__version__, torchrec=_v("torchrec"),
+                fbgemm_gpu=_v("fbgemm_gpu"), python=platform.python_version())
+
+
+def sharding_of(model: Any) -> list[dict[str, Any]]:
+    """The plan in force, per table, read from DistributedModelParallel's `plan` (plan-file shape)."""
+    plan = getattr(model, "plan", None)
+    out: list[dict[str, Any]] = []
+    for module, module_plan in sorted(getattr(plan, "plan", {}).items()):
+        if not hasattr(module_plan, "items"):
+            continue
+        for table, ps in module_plan.items():
+            shards = []
+            spec = getattr(ps, "sharding_spec", None)
+            for sh in getattr(spec, "shards", None) or []:
+                placement = sh.placement
+                shards.append(dict(rank=placement.rank() if placement is not None else None,
+                                   offsets=list(sh.shard_offsets), sizes=list(sh.shard_sizes)))
+            cache = getattr(ps, "cache_params", None)
+            out.append(dict(table=table, module=module, sharding_type=str(ps.sharding_type),
+                            compute_kernel=str(ps.compute_kernel),
+                            ranks=list(ps.ranks) if ps.ranks is not None else None, shards=shards,
+                            cache_load_factor=getattr(cache, "load_factor", None)))
+    return out
+
+
+@dataclass
+class ProfileFacts:
+    """Everything the manifest says; filled on rank 0 (hook API) or in the parent (CLI)."""
+
+    world_size: int
+    local_world_size: int
+    device: str
+    backend: str | None
+    batch_size: int | None
+    warmup: int
+    profiled_steps: list[int]
+    tables: list[dict[str, Any]]
+    sharding: list[dict[str, Any]]
+    pipeline: str | None
+    step_times_s: list[list[float]]
+    peak_memory_bytes: list[int]
+    traces: list[str]
+    execution_traces: list[str]
+    command: list[str] | None = None
+    workload: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def build_manifest(f: ProfileFacts) -> dict[str, Any]:
+    d = asdict(f)
+    files = dict(traces=d.pop("traces"), execution_traces=d.pop("execution_traces"),
+                 access_stats="access_stats.parquet")
+    return {"format": FORMAT, "version": VERSION, "created_unix": time.time(), "versions": versions(),
+            "command": d.pop("command"), "workload": d.pop("workload"), **d, "files": files}
+
+
+def table_entries(metas: list[Any], spec_tables: dict[str, Any] | None = None,
+                  fitted: dict[str, float | None] | None = None) -> list[dict[str, Any]]:
+    """Manifest tables: what the sharded modules declare, plus the workload spec's pooling and skew."""
+    out = []
+    for m in metas:
+        s = (spec_tables or {}).get(m.name)
+        out.append(dict(name=m.name, num_embeddings=m.num_embeddings, embedding_dim=m.embedding_dim,
+                        feature_names=list(m.features),
+                        pooling=getattr(s, "pooling", None), pooling_factor=getattr(s, "pooling_factor", None),
+                        zipf_alpha=getattr(s, "zipf_alpha", None), pooling_type=m.pooling_type, module=m.module,
+                        zipf_alpha_fitted=(fitted or {}).get(m.name)))
+    return out

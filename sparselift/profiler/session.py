@@ -1,0 +1,257 @@
+"""The hook API: profile a window of steps of any TorchRec (DMP) training loop, on every rank.
+
+    with ProfileSession("prof/", model=dmp_model, warmup=5, steps=3) as prof:
+        for batch in batches:
+            train_step(batch)
+            prof.step()
+
+or `profile_pipeline(pipeline, "prof/", ...)` around a TorchRec TrainPipeline, or the explicit
+`step_begin(i)` / `step_end(i)` / `finish()` protocol that the SparseLift harness calls.
+
+Steps before the window run untouched. At the first profiled step the session starts
+torch.profiler and wraps the sharded modules' `input_dist`; after the last it stops, unwraps, writes
+this rank's trace, and gathers every rank's access statistics on rank 0, which writes
+`access_stats.parquet` and `manifest.json` (unless `write_files=False`: then `finish()` hands them to
+the caller). After the window, `step_begin` / `step_end` return at once. Nothing the profiler does
+may stop training: every failure is caught, warned about once, and listed in `errors`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sparselift.errors import UserError
+from sparselift.profiler.access import AccessRecorder, find_sharded_modules, table_metas
+from sparselift.profiler.gather import gather_to_rank0
+from sparselift.profiler.manifest import ProfileFacts, build_manifest, sharding_of, table_entries
+from sparselift.profiler.stats import TableStep, access_rows, rank_table_steps
+from sparselift.profiler.trace import TraceRecorder, et_name, trace_name
+
+
+@dataclass
+class RankReport:
+    """What one rank sends to rank 0 at the end of the window."""
+
+    rank: int
+    device: str
+    step_times_s: list[float]
+    peak_memory_bytes: int
+    files: list[str]
+    errors: list[str]
+    table_steps: list[TableStep] = field(default_factory=list)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    dev = getattr(model, "device", None)
+    if isinstance(dev, torch.device):
+        return dev
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _peak_memory(device: torch.device) -> int:
+    from sparselift.workloads.harness import peak_memory_bytes
+
+    return peak_memory_bytes(device)
+
+
+class ProfileSession:
+    """Profile steps [warmup, warmup + steps) of the training loop on this rank."""
+
+    def __init__(self, out_dir: str | Path, model: nn.Module, *, warmup: int = 5, steps: int = 3,
+                 execution_trace: bool = True, pipeline: Any = None, write_files: bool = True,
+                 spec_tables: dict[str, Any] | None = None, command: list[str] | None = None,
+                 workload: str | None = None, device: torch.device | None = None) -> None:
+        if warmup < 0 or steps < 1:
+            raise UserError(f"profile window needs warmup >= 0 and steps >= 1, got warmup={warmup} steps={steps}")
+        import torch.distributed as dist
+
+        self.modules = find_sharded_modules(model)
+        self.tables = table_metas(self.modules)
+        self.sharding = sharding_of(model)
+        self.out_dir = Path(out_dir)
+        self.first, self.last = warmup, warmup + steps - 1
+        self.execution_trace = execution_trace
+        self.pipeline = type(pipeline).__name__ if pipeline is not None else None
+        self.write_files = write_files
+        self.spec_tables, self.command, self.workload = spec_tables, command, workload
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world_size = dist.get_world_size() if distributed else 1
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        self.backend = str(dist.get_backend()) if distributed else None
+        self.device = device or _model_device(model)
+        self.step_times_s: list[float] = []
+        self.profiled_steps: list[int] = []
+        self.errors: list[str] = []
+        self.files: list[str] = []
+        self.done = False
+        self.result: dict[str, Any] | None = None  # rank 0, after the window: rows, facts
+        self._recorder = AccessRecorder(self.modules)
+        self._trace: TraceRecorder | None = None
+        self._t0: float | None = None
+        self._next = 0
+        self._guard(lambda: self.out_dir.mkdir(parents=True, exist_ok=True), f"creating {self.out_dir}")
+
+    # ------------------------------------------------------------------ the protocol the harness calls
+
+    def step_begin(self, step: int) -> None:
+        if self.done:
+            return
+        self._t0 = time.perf_counter()
+        if step == self.first:
+            self._guard(self._open, "starting the profiler")
+        if self.first <= step <= self.last:
+            self._recorder.step = step
+            if self._trace is not None and self._trace.running:
+                self._guard(lambda: self._trace.step_begin(step), "marking a step")
+
+    def step_end(self, step: int) -> None:
+        if self.done:
+            return
+        in_window = self.first <= step <= self.last
+        if in_window and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if self._t0 is not None:
+            self.step_times_s.append(time.perf_counter() - self._t0)
+            self._t0 = None
+        if in_window:
+            self._recorder.step = None
+            self.profiled_steps.append(step)
+            if self._trace is not None:
+                self._guard(self._trace.step_end, "marking a step")
+        if step >= self.last:
+            self._close()
+
+    def finish(self) -> dict[str, Any]:
+        """Close the window if training ended inside it; JSON-able summary (rank 0: rows and facts)."""
+        if not self.done:
+            self._close()
+        out: dict[str, Any] = dict(rank=self.rank, profiled_steps=self.profiled_steps, files=self.files,
+                                   errors=self.errors)
+        if self.result is not None:
+            out.update(self.result)
+        return out
+
+    # ------------------------------------------------------------------ the user-facing loop API
+
+    def __enter__(self) -> "ProfileSession":
+        self.step_begin(self._next)
+        return self
+
+    def step(self) -> None:
+        """Call once after each training step."""
+        self.step_end(self._next)
+        self._next += 1
+        self.step_begin(self._next)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._t0 = None  # the step begun by the last step() never ran
+        if not self.done:
+            self._recorder.step = None
+            self._close()
+
+    # ------------------------------------------------------------------ inside
+
+    def _guard(self, fn, what: str):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - the profiler must never stop training
+            msg = f"{what}: {type(e).__name__}: {e}"
+            if not self.errors:
+                warnings.warn(f"sparselift profiler (rank {self.rank}): {msg}; training goes on",
+                              RuntimeWarning, stacklevel=3)
+            self.errors.append(msg)
+            return None
+
+    def _open(self) -> None:
+        self._recorder.attach()
+        self._trace = TraceRecorder(self.out_dir, self.rank, self.device, self.execution_trace)
+        self._trace.start()
+
+    def _close(self) -> None:
+        """End of the window: unhook, write the trace, and meet the other ranks exactly once."""
+        self.done = True
+        self._guard(self._recorder.detach, "removing hooks")
+        if self._trace is not None:
+            trace = self._trace
+            self._guard(trace.stop, "stopping the profiler")
+            written = self._guard(trace.write, f"writing traces to {self.out_dir}")
+            if written is None:
+                self._guard(trace.discard, "removing temp files")
+            self.files = written or []
+            self._trace = None
+        captures, self._recorder.captures = self._recorder.captures, []
+        steps = self._guard(lambda: rank_table_steps(self.tables, captures, self.rank), "access statistics") or []
+        report = RankReport(rank=self.rank, device=self.device.type, step_times_s=self.step_times_s,
+                            peak_memory_bytes=int(self._guard(lambda: _peak_memory(self.device), "peak memory") or 0),
+                            files=self.files, errors=list(self.errors), table_steps=steps)
+        reports = self._guard(lambda: gather_to_rank0(report), "gathering ranks on rank 0")
+        if self.rank == 0 and reports:
+            self._guard(lambda: self._rank0(reports), "merging access statistics")
+
+    def _rank0(self, reports: list[RankReport]) -> None:
+        steps = [s for r in reports for s in r.table_steps]
+        rows, alphas = access_rows(self.tables, steps)
+        batch = next((s.batch_size for s in steps), None)
+        facts = ProfileFacts(
+            world_size=self.world_size, local_world_size=self.local_world_size, device=self.device.type,
+            backend=self.backend, batch_size=batch, warmup=self.first, profiled_steps=self.profiled_steps,
+            tables=table_entries(self.tables, self.spec_tables, alphas), sharding=self.sharding,
+            pipeline=self.pipeline, step_times_s=[r.step_times_s for r in reports],
+            peak_memory_bytes=[r.peak_memory_bytes for r in reports],
+            traces=[trace_name(r.rank) for r in reports if trace_name(r.rank) in r.files],
+            execution_traces=[et_name(r.rank) for r in reports if et_name(r.rank) in r.files],
+            command=self.command if self.command is not None else list(sys.argv), workload=self.workload,
+            errors=[f"rank {r.rank}: {e}" for r in reports for e in r.errors],
+        )
+        self.result = dict(rows=rows, facts=asdict(facts))
+        if self.write_files:
+            self._guard(lambda: write_profile(self.out_dir, rows, facts), f"writing the profile to {self.out_dir}")
+
+
+def write_profile(out_dir: Path, rows: list[dict[str, Any]], facts: ProfileFacts) -> None:
+    """access_stats.parquet, then manifest.json (the manifest last: its presence means complete)."""
+    from sparselift.atomic import write_json
+    from sparselift.profiler.outdir import ACCESS_STATS, MANIFEST, write_access_stats
+
+    write_access_stats(Path(out_dir, ACCESS_STATS), rows)
+    write_json(Path(out_dir, MANIFEST), build_manifest(facts))
+
+
+class ProfiledPipeline:
+    """A TorchRec TrainPipeline whose `progress` is one profiled step; everything else passes through."""
+
+    def __init__(self, pipeline: Any, session: ProfileSession) -> None:
+        self.pipeline, self.session, self._step = pipeline, session, 0
+
+    def progress(self, dataloader_iter: Any) -> Any:
+        self.session.step_begin(self._step)
+        try:
+            return self.pipeline.progress(dataloader_iter)
+        finally:
+            self.session.step_end(self._step)
+            self._step += 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pipeline, name)
+
+
+def profile_pipeline(pipeline: Any, out_dir: str | Path, *, warmup: int = 5, steps: int = 3,
+                     **kwargs: Any) -> ProfiledPipeline:
+    """Wrap `pipeline` (its model must be DMP-sharded) so that its next steps are profiled."""
+    model = getattr(pipeline, "_model", None)
+    if model is None:
+        raise UserError(f"{type(pipeline).__name__} has no `_model`: pass a TorchRec TrainPipeline")
+    return ProfiledPipeline(pipeline, ProfileSession(out_dir, model, warmup=warmup, steps=steps,
+                                                     pipeline=pipeline, **kwargs))
