@@ -1,0 +1,107 @@
+"""The hook API in a user-written training loop on 2 ranks (no SparseLift harness), and its faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+# One rank of a user's own trainer: DMP model, TorchRec pipeline, ProfileSession around the loop.
+TRAINER = textwrap.dedent("""
+    import json, os, sys, warnings
+    import torch, torch.distributed as dist
+    from sparselift.profiler import ProfileSession, NoShardedEmbeddingError
+    from sparselift.workloads.batches import SyntheticBatches
+    from sparselift.workloads.sharding import build_optimizer, make_pipeline, shard
+    from sparselift.workloads.spec import load_workload
+
+    out_dir, result_path = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    spec = load_workload("tiny").capped(2000)
+    try:
+        ProfileSession(out_dir, torch.nn.Linear(2, 2))
+        no_sharded = None
+    except NoShardedEmbeddingError as e:
+        no_sharded = str(e)
+    model = shard(spec, dist.GroupMember.WORLD, torch.device("cpu"))
+    pipeline = make_pipeline("base", model, build_optimizer(model), torch.device("cpu"))
+    batches = iter(SyntheticBatches(spec, rank=rank))
+    ebc = [m for m in model.modules() if type(m).__name__ == "ShardedEmbeddingBagCollection"][0]
+    steps_done = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with ProfileSession(out_dir, model, warmup=2, steps=2, execution_trace=False) as prof:
+            for i in range(6):
+                pipeline.progress(batches)
+                steps_done += 1
+                prof.step()
+                if i == 4:
+                    after = dict(wrapped="input_dist" in ebc.__dict__,
+                                 profiling=torch.autograd.profiler._is_profiler_enabled)
+    dist.barrier()
+    ours = [str(w.message) for w in caught if "sparselift profiler" in str(w.message)]
+    json.dump(dict(steps_done=steps_done, errors=prof.errors, warnings=ours, files=prof.files,
+                   profiled=prof.profiled_steps, after=after, no_sharded=no_sharded),
+              open(f"{result_path}.{rank}", "w"))
+    dist.destroy_process_group()
+    sys.stdout.flush(); os._exit(0)
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def run_user_trainer(tmp_path: Path, out_dir: Path, world: int = 2) -> list[dict]:
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    port = _free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR="localhost", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, str(script), str(out_dir), str(tmp_path / "result")],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out[-3000:]
+    return [json.loads((tmp_path / f"result.{r}").read_text()) for r in range(world)]
+
+
+def test_user_loop_on_two_ranks(tmp_path):
+    out = tmp_path / "prof"
+    results = run_user_trainer(tmp_path, out)
+    for r, res in enumerate(results):
+        assert res["steps_done"] == 6 and res["errors"] == [] and res["warnings"] == []
+        assert res["profiled"] == [2, 3]
+        assert res["files"] == [f"rank{r}.trace.json.gz"]
+        assert res["after"] == {"wrapped": False, "profiling": False}  # out of the way after the window
+        assert "ShardedEmbeddingBagCollection" in res["no_sharded"] and "Linear" in res["no_sharded"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format"] == "sparselift-profile" and manifest["version"] == 1
+    assert manifest["world_size"] == 2 and manifest["profiled_steps"] == [2, 3]
+    assert manifest["pipeline"] is None and len(manifest["step_times_s"]) == 2
+    assert all(len(t) == 4 for t in manifest["step_times_s"])
+    assert [t["name"] for t in manifest["tables"]] == [f"t{i}" for i in range(8)]
+    df = pd.read_parquet(out / "access_stats.parquet")
+    assert len(df) == 8 * 2 * 2 and set(df["step"]) == {2, 3}
+
+
+def test_unwritable_dir_warns_once_and_training_goes_on(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    results = run_user_trainer(tmp_path, blocker / "prof")
+    for res in results:
+        assert res["steps_done"] == 6
+        assert len(res["warnings"]) == 1 and str(blocker) in res["warnings"][0]
+        assert res["errors"] and res["files"] == []
