@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 from torchrec.distributed.embedding_types import ShardingType
-from torchrec.distributed.planner.types import PlanLoader
+from torchrec.distributed.planner.types import Perf, PlanLoader
 from torchrec.distributed.planner.types import Shard as TorchRecShard
-from torchrec.distributed.planner.types import ShardingOption
+from torchrec.distributed.planner.types import ShardingOption, Storage
 from torchrec.distributed.sharding_plan import placement
 from torchrec.distributed.types import (CacheParams, EmbeddingModuleShardingPlan, EnumerableShardingSpec,
                                         ParameterSharding, ShardingPlan, ShardMetadata)
@@ -130,6 +130,15 @@ class SparseLiftPlanLoader(PlanLoader):
     def plan_context_hash(self) -> str | None:
         return None  # the plan carries its own fingerprint; check() compares it
 
+    def _storage(self, size: list[int], t: TablePlan) -> Storage:
+        """Rough bytes of a shard (fp32 weights + row-wise optimizer state) for the planner's stats."""
+        nbytes = size[0] * size[1] * 4 + size[0] * 4
+        if self._plan.topology.device == "cpu" or t.compute_kernel in ("fused_uvm", "key_value"):
+            return Storage(hbm=0, ddr=nbytes)
+        if t.compute_kernel == "fused_uvm_caching":
+            return Storage(hbm=int(nbytes * (t.cache_load_factor or 0.2)), ddr=nbytes)
+        return Storage(hbm=nbytes, ddr=0)
+
     def load(self) -> dict[int, ShardingOption]:
         out = {}
         world = self._plan.topology.world_size
@@ -137,9 +146,12 @@ class SparseLiftPlanLoader(PlanLoader):
             fp = self._fingerprints[t.name]
             shape = (fp.num_embeddings, fp.embedding_dim)
             if t.sharding_type == ShardingType.DATA_PARALLEL.value:
-                shards = [TorchRecShard(size=list(shape), offset=[0, 0], rank=r) for r in range(world)]
+                blocks = [(list(shape), [0, 0], r) for r in range(world)]
             else:
-                shards = [TorchRecShard(size=list(s.sizes), offset=list(s.offsets), rank=s.rank) for s in t.shards]
+                blocks = [(list(s.sizes), list(s.offsets), s.rank) for s in t.shards]
+            shards = [TorchRecShard(size=size, offset=offset, rank=rank, perf=Perf(0.0, 0.0, 0.0, 0.0),
+                                    storage=self._storage(size, t))
+                      for size, offset, rank in blocks]
             option = ShardingOption(
                 name=t.name, tensor=torch.empty(shape, device="meta"), module=(self._paths[t.name], nn.Module()),
                 input_lengths=[1.0] * len(fp.feature_names), batch_size=0, sharding_type=t.sharding_type,
