@@ -44,7 +44,7 @@ def run_profile(args: argparse.Namespace) -> int:
                     f.unlink()
     cfg = config_from_args(args, plan=args.plan, hook=HOOK, hook_args=dict(
         out_dir=str(out.resolve()), warmup=args.warmup, steps=args.steps,
-        execution_trace=not args.no_execution_trace, command=["sparselift", *sys.argv[1:]]))
+        execution_trace=not args.no_execution_trace, command=command_line(args)))
     cfg.steps = args.steps + args.after
     result = run_training(cfg)
     errors = [e for r in result.ranks for e in (f"rank {r.rank}: {x}" for x in r.extra.get("errors", []))]
@@ -62,6 +62,17 @@ def run_profile(args: argparse.Namespace) -> int:
               + (f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""), file=sys.stderr)
         return 1
     return 0
+
+
+def command_line(args: argparse.Namespace) -> list[str]:
+    """The command as parsed (every flag spelled out), so it reruns the same profile."""
+    cmd = ["sparselift", "profile"]
+    for key, value in vars(args).items():
+        if key in ("command", "run", "force") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        cmd += [flag] if value is True else [flag, str(value)]
+    return cmd
 
 
 def write_from_parent(out: Path, result: Any, extra0: dict[str, Any]) -> None:
