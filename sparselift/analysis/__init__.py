@@ -1,0 +1,8 @@
+"""Analysis: Kineto traces → DataFrames → sparse-path subgraphs, step summary, cost calibration.
+
+Each module does one job and is a set of functions over pandas DataFrames (HTA style):
+`trace` (one parse per trace, cached as Parquet), `profile` (the profile directory and its checks),
+`names` (TorchRec's record_function names, matched tolerantly), `reconstruct` (nodes, edges,
+cross-rank collectives), `summary`, `calibration` (fit + calibration.json), `predict` (step time of a
+plan from a calibration), `commands` (`sparselift analyze`).
+"""

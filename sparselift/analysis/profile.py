@@ -1,0 +1,128 @@
+"""The profile directory (manifest.json, rank<R>.trace.json.gz, access_stats.parquet), checked.
+
+Every way a directory can be wrong — a rank's trace missing, a trace from another run or rank, a
+file that is not a trace — is found here, before any output is written, and reported as one line
+naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sparselift.analysis import names
+from sparselift.analysis.trace import Trace, load_trace
+from sparselift.errors import UserError
+
+PROFILE_FORMAT = "sparselift-profile"
+
+
+@dataclass
+class Profile:
+    path: Path
+    manifest: dict[str, Any]
+    traces: list[Trace]  # index = rank
+    access_stats: pd.DataFrame | None
+    plan_tables: pd.DataFrame  # table, module, sharding_type, rank, rows, cols (one row per shard)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.traces)
+
+
+def read_manifest(d: Path) -> dict[str, Any]:
+    p = d / "manifest.json"
+    if not p.is_file():
+        raise UserError(f"{p}: missing (not a sparselift profile directory)")
+    try:
+        m = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(m, dict) or m.get("format") != PROFILE_FORMAT:
+        raise UserError(f"{p}: format is not {PROFILE_FORMAT!r}")
+    if not isinstance(m.get("world_size"), int) or m["world_size"] < 1:
+        raise UserError(f"{p}: 'world_size' missing or not a positive integer")
+    return m
+
+
+def trace_path(d: Path, rank: int, manifest: dict[str, Any]) -> Path:
+    listed = (manifest.get("files") or {}).get("traces") or []
+    for name in (f"rank{rank}.trace.json.gz", f"rank{rank}.trace.json"):
+        if (d / name).is_file():
+            return d / name
+    want = listed[rank] if rank < len(listed) else f"rank{rank}.trace.json.gz"
+    raise UserError(f"{d / want}: missing — rank {rank}'s trace (manifest says world size {manifest['world_size']})")
+
+
+def plan_tables(manifest: dict[str, Any]) -> pd.DataFrame:
+    """The plan in force as one row per shard (data-parallel tables: one row per rank, whole table)."""
+    dims = {t["name"]: t for t in manifest.get("tables") or [] if isinstance(t, dict) and "name" in t}
+    world = manifest["world_size"]
+    rows = []
+    for e in manifest.get("sharding") or []:
+        name = e.get("table") or e.get("name")
+        t = dims.get(name, {})
+        if e.get("sharding_type") == "data_parallel" or not e.get("shards"):
+            for r in e.get("ranks") or range(world):
+                rows.append((name, e.get("module"), e.get("sharding_type"), r, t.get("num_embeddings", 0),
+                             t.get("embedding_dim", 0)))
+            continue
+        for s in e["shards"]:
+            rows.append((name, e.get("module"), e.get("sharding_type"), s["rank"], s["sizes"][0], s["sizes"][1]))
+    return pd.DataFrame(rows, columns=["table", "module", "sharding_type", "rank", "rows", "cols"])
+
+
+def load_profile(path: str | Path, cache: bool = True) -> Profile:
+    """Read and cross-check a profile directory; raises UserError naming the first bad file."""
+    d = Path(path)
+    if not d.is_dir():
+        raise UserError(f"{d}: not a directory")
+    m = read_manifest(d)
+    world = m["world_size"]
+    traces = []
+    for r in range(world):
+        p = trace_path(d, r, m)
+        tr = load_trace(p, cache=cache)
+        if tr.rank is not None and tr.rank != r:
+            raise UserError(f"{p}: is rank {tr.rank}'s trace, expected rank {r} (files from different runs mixed?)")
+        if tr.world_size is not None and tr.world_size != world:
+            raise UserError(f"{p}: from a run with world size {tr.world_size}, manifest says {world} "
+                            f"(traces from different runs mixed)")
+        traces.append(tr)
+    check_same_run(traces, m)
+    stats = None
+    sp = d / ((m.get("files") or {}).get("access_stats") or "access_stats.parquet")
+    if sp.is_file():
+        try:
+            stats = pd.read_parquet(sp)
+        except Exception as e:  # noqa: BLE001 - any unreadable parquet is bad input
+            raise UserError(f"{sp}: unreadable Parquet ({e.__class__.__name__})") from None
+    return Profile(path=d, manifest=m, traces=traces, access_stats=stats, plan_tables=plan_tables(m))
+
+
+def step_span(tr: Trace) -> tuple[list[int], float, float]:
+    s = tr.events[tr.events["name"].str.match(names.STEP.pattern)]
+    if s.empty:
+        raise UserError(f"{tr.path}: no ProfilerStep#N events (not a sparselift/torch.profiler step trace)")
+    steps = sorted(s["name"].str.extract(names.STEP.pattern)[0].astype(int).unique())
+    return steps, float(s["ts"].min()), float(s["end"].max())
+
+
+def check_same_run(traces: list[Trace], manifest: dict[str, Any]) -> None:
+    """Ranks of one run profile the same steps at the same time (they meet in collectives)."""
+    want = manifest.get("profiled_steps")
+    spans = []
+    for tr in traces:
+        steps, a, b = step_span(tr)
+        if want and steps != sorted(want):
+            raise UserError(f"{tr.path}: holds steps {steps}, manifest profiled {sorted(want)} "
+                            f"(trace from a different run)")
+        spans.append((a, b, tr.path))
+    a0, b0, p0 = spans[0]
+    for a, b, p in spans[1:]:
+        if a > b0 or b < a0:
+            raise UserError(f"{p}: its steps do not overlap in time with {p0}'s (traces from different runs mixed)")
