@@ -14,5 +14,14 @@ fi
 "${pip[@]}" -r .venv/requirements.txt
 "${pip[@]}" --no-deps torchrec==1.8.0
 "${pip[@]}" --no-deps --no-build-isolation -e .
+# The HTML report's browser test drives Debian's chromium (headless); install it where we can.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null \
+      || echo "sparselift: could not install chromium; the HTML report test needs it" >&2
+  else
+    echo "sparselift: install Debian's chromium for the HTML report test (apt-get install chromium)" >&2
+  fi
+fi
 touch .venv/.installed
 echo "sparselift: .venv ready ($(.venv/bin/python -c 'import torch, torchrec, fbgemm_gpu; print("torch", torch.__version__, "torchrec", torchrec.__version__)'))"
