@@ -28,7 +28,7 @@ class LayoutHook:
         built: list[str] = []
         for _, m in model.named_modules():
             if isinstance(m, ShardedEmbeddingBagCollection):
-                built += list(m._sharding_type_to_sharding.keys())
+                built += list(m._sharding_types)  # one input dist + lookup per type DMP built
                 for name, ps in m.module_sharding_plan.items():
                     tables[name] = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel,
                                     "ranks": list(ps.ranks or [])}
