@@ -192,3 +192,44 @@ def test_plans_import_only_stdlib_torch_torchrec_jsonschema(tmp_path):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"bad": [], "ours": [], "keys": ["model.sparse_arch.embedding_bag_collection"],
                    "keys2": ["inner.ebc"]}
+
+
+def _leaves(node, path=()):
+    yield path
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, path + (i,))
+
+
+def test_fast_schema_check_never_accepts_what_jsonschema_rejects():
+    import copy
+    import random
+
+    from sparselift.plans.schema import _fast_check, _validator
+
+    base = doc(mixed("fp16"))
+    assert _fast_check()(base) and _validator().is_valid(base)
+    rng = random.Random(0)
+    values = [-1, 0, 1, 2.5, "x", "", None, True, [], {}, [1], {"a": 1}, "table_wise", 1e9]
+    paths = [p for p in _leaves(base) if p]
+    accepted = 0
+    for _ in range(3000):
+        d = copy.deepcopy(base)
+        path = rng.choice(paths)
+        parent = d
+        for k in path[:-1]:
+            parent = parent[k]
+        action = rng.random()
+        if action < 0.2 and isinstance(parent, dict):
+            del parent[path[-1]]
+        elif action < 0.3 and isinstance(parent, dict):
+            parent["unexpected"] = 1
+        else:
+            parent[path[-1]] = rng.choice(values)
+        if _fast_check()(d):  # may decline more (e.g. 1e9 as an integer); must never accept more
+            assert _validator().is_valid(d), (path, action)
+            accepted += 1
+    assert accepted > 100  # mutations that stay valid (other names, sizes) do take the fast path

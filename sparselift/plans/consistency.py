@@ -40,8 +40,9 @@ def _name_problems(plan: Plan) -> list[str]:
             if f in features and features[f] != t.name:
                 problems.append(f"model.tables: feature {f!r} feeds both {features[f]!r} and {t.name!r}")
             features[f] = t.name
-    unplanned = [n for n in model_names if n not in set(plan_names)]
-    unknown = [n for n in plan_names if n not in set(model_names)]
+    plan_set, model_set = set(plan_names), set(model_names)
+    unplanned = [n for n in model_names if n not in plan_set]
+    unknown = [n for n in plan_names if n not in model_set]
     problems += [f"table {n!r} of the model has no entry in tables" for n in unplanned]
     problems += [f"tables: {n!r} is not a table of the model" for n in unknown]
     return problems
