@@ -59,6 +59,13 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def _peak_memory(device: torch.device) -> int:
     from sparselift.workloads.harness import peak_memory_bytes
 
@@ -199,6 +206,8 @@ class ProfileSession:
         reports = self._guard(lambda: gather_to_rank0(report), "gathering ranks on rank 0")
         if self.rank == 0 and reports:
             self._guard(lambda: self._rank0(reports), "merging access statistics")
+        # Leave the window together: otherwise the other ranks' next step waits out rank 0's merge.
+        self._guard(_barrier, "leaving the window")
 
     def _rank0(self, reports: list[RankReport]) -> None:
         steps = [s for r in reports for s in r.table_steps]
