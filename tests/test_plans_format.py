@@ -233,3 +233,11 @@ def test_fast_schema_check_never_accepts_what_jsonschema_rejects():
             assert _validator().is_valid(d), (path, action)
             accepted += 1
     assert accepted > 100  # mutations that stay valid (other names, sizes) do take the fast path
+
+
+def test_integral_floats_become_ints():
+    d = doc(round_robin(2))
+    d["tables"][1]["ranks"] = [1.0]
+    d["tables"][1]["shards"][0]["sizes"] = [5000.0, 32]
+    p = plans.Plan.from_dict(d)
+    assert p.tables[1].ranks == [1] and type(p.tables[1].shards[0].sizes[0]) is int

@@ -131,11 +131,13 @@ class Plan:
         plan = cls(
             model=[TableFingerprint.from_any(t) for t in m["tables"]],
             module=m.get("module"),
-            topology=PlanTopology(world_size=topo["world_size"], local_world_size=topo["local_world_size"],
+            # int(): JSON Schema counts 2.0 as an integer; TorchRec needs real ints.
+            topology=PlanTopology(world_size=int(topo["world_size"]), local_world_size=int(topo["local_world_size"]),
                                   device=topo["device"], preset=topo.get("preset")),
             tables=[TablePlan(name=t["name"], sharding_type=t["sharding_type"], compute_kernel=t["compute_kernel"],
-                              ranks=list(t["ranks"]),
-                              shards=[Shard(rank=s["rank"], offsets=tuple(s["offsets"]), sizes=tuple(s["sizes"]))
+                              ranks=[int(r) for r in t["ranks"]],
+                              shards=[Shard(rank=int(s["rank"]), offsets=(int(s["offsets"][0]), int(s["offsets"][1])),
+                                            sizes=(int(s["sizes"][0]), int(s["sizes"][1])))
                                       for s in t["shards"]],
                               cache_load_factor=t.get("cache_load_factor"))
                     for t in d["tables"]],
