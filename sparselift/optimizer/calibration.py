@@ -1,0 +1,132 @@
+"""Cost coefficients: duration ≈ a_s + b_s·x per op kind, from calibration.json or a preset.
+
+`calibration.json` (written by `sparselift analyze`) fits op kinds on the profiled device; the
+topology preset supplies the rest (inter-host bytes, UVM reads, quantization, pipeline overhead) and
+everything when planning for hardware that was never profiled. Calibrated coefficients carry over
+by op kind only to a topology of the same device kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparselift.errors import UserError
+from sparselift.optimizer.topology import Topology
+
+FORMAT = "sparselift-calibration"
+OP_KINDS = ("lookup_fwd", "lookup_bwd", "input_dist", "output_dist_fwd", "output_dist_bwd", "dp_allreduce")
+
+
+@dataclass(frozen=True)
+class Linear:
+    a_s: float  # fixed cost per call
+    b_s: float  # seconds per unit of x
+
+    def __call__(self, x: float) -> float:
+        return self.a_s + self.b_s * x
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Everything the cost model multiplies resource counts by. Frozen: a cache key."""
+
+    lookup_fwd: Linear  # x = ids·dim gathered on the rank
+    lookup_bwd: Linear  # x = ids·dim (backward + fused optimizer)
+    input_dist: Linear  # x = bytes of ids/lengths sent by the rank (intra-host)
+    output_dist_fwd: Linear  # x = bytes of pooled embeddings moved by the rank (intra-host)
+    output_dist_bwd: Linear
+    dp_allreduce: Linear  # x = ring-allreduce bytes per rank
+    inter_host_b_s: float  # seconds per byte that crosses hosts (any collective)
+    dense_grad_b_s: float  # dense-kernel optimizer: seconds per element of the whole table
+    uvm_miss_b_s: float  # extra seconds per element gathered from host memory (UVM cache miss)
+    quantize_b_s: float  # seconds per element quantized or dequantized (qcomm)
+    dp_overlap: float  # share of the DP allreduce hidden behind backward
+    pipeline_overlap: float  # share of input_dist the sparse-dist pipeline hides
+    pipeline_overhead_s: float
+    dense_step_s: float  # dense forward+backward+optimizer per step (a constant of the plan)
+    source: str  # "preset <name>" or the calibration path
+
+    def replace(self, **kw: Any) -> "Coefficients":
+        return dataclasses.replace(self, **kw)
+
+
+def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
+    lookup_b = 1.0 / topo.lookup_rate
+    comm = Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw)
+    return Coefficients(
+        lookup_fwd=Linear(topo.kernel_latency_s, lookup_b),
+        lookup_bwd=Linear(topo.kernel_latency_s, lookup_b * topo.bwd_multiplier),
+        input_dist=comm, output_dist_fwd=comm, output_dist_bwd=comm,
+        dp_allreduce=Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw),
+        inter_host_b_s=1.0 / topo.inter_host_bw,
+        dense_grad_b_s=lookup_b,  # the dense kernel touches every row: a gather-like pass per element
+        uvm_miss_b_s=(4.0 / topo.hbm_to_ddr_bw) if topo.hbm_to_ddr_bw else 0.0,
+        quantize_b_s=1.0 / topo.quant_rate,
+        dp_overlap=0.5 if topo.device == "cuda" else 0.0,
+        pipeline_overlap=topo.pipeline_overlap, pipeline_overhead_s=topo.pipeline_overhead_s,
+        dense_step_s=dense_step_s, source=f"preset {topo.preset or 'file'}",
+    )
+
+
+def load_calibration(path: str | Path) -> dict[str, Any]:
+    """Read and check calibration.json; UserError names the file."""
+    where = str(path)
+    try:
+        d = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{where}: not found") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where}: malformed JSON at line {e.lineno}: {e.msg}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT or not isinstance(d.get("ops"), dict):
+        raise UserError(f"{where}: not a calibration file (expected \"format\": \"{FORMAT}\" with \"ops\")")
+    if d.get("version") != 1:
+        raise UserError(f"{where}: unsupported calibration version {d.get('version')!r}")
+    for kind, op in d["ops"].items():
+        if not isinstance(op, dict) or not all(isinstance(op.get(k), (int, float)) for k in ("a_s", "b_s")):
+            raise UserError(f"{where}: op {kind!r} needs numeric a_s and b_s")
+    return d
+
+
+def coefficients(topo: Topology, calibration: dict[str, Any] | None = None,
+                 dense_step_s: float = 0.0) -> Coefficients:
+    """The preset's coefficients with the calibrated op kinds laid over them (same device kind only).
+
+    Negative fitted slopes or intercepts (noise on few points) are clipped to 0 so that no option
+    looks cheaper the more it moves.
+    """
+    base = from_topology(topo, dense_step_s)
+    if not calibration or calibration.get("device", topo.device) != topo.device:
+        return base
+    ops = calibration["ops"]
+    kw: dict[str, Any] = {}
+    for kind in OP_KINDS:
+        if kind in ops:
+            kw[kind] = Linear(max(0.0, float(ops[kind]["a_s"])), max(0.0, float(ops[kind]["b_s"])))
+    if "qcomm_quantize" in ops:  # analysis may fit the fp16 conversion; else the preset's rate
+        kw["quantize_b_s"] = max(0.0, float(ops["qcomm_quantize"]["b_s"]))
+    if "dp_allreduce" in ops and "overlap" in ops["dp_allreduce"]:
+        kw["dp_overlap"] = min(1.0, max(0.0, float(ops["dp_allreduce"]["overlap"])))
+    if isinstance(calibration.get("pipeline_overlap"), (int, float)):
+        kw["pipeline_overlap"] = min(1.0, max(0.0, float(calibration["pipeline_overlap"])))
+    if isinstance(calibration.get("dense_step_s"), (int, float)):
+        kw["dense_step_s"] = float(calibration["dense_step_s"])
+    if "input_dist" in kw:  # bytes crossing hosts cost at least what they cost inside one
+        kw["inter_host_b_s"] = max(base.inter_host_b_s, kw["input_dist"].b_s)
+    return base.replace(source=str(calibration.get("provenance", {}).get("profile", "calibration")), **kw)
+
+
+def dense_step_estimate(spec: Any, topo: Topology, batch_size: int) -> float:
+    """Dense MLPs' forward+backward time per step from their FLOPs (3 × 2·params·batch)."""
+    m = spec.model
+    dims = [spec.dense_in_features, *m.dense_arch]
+    params = sum(a * b for a, b in zip(dims, dims[1:]))
+    n = len(spec.tables) + 1
+    over_in = m.dense_arch[-1] + (n * (n - 1) // 2 if m.interaction == "dot" else sum(
+        t.embedding_dim for t in spec.tables))
+    over = [over_in, *m.over_arch]
+    params += sum(a * b for a, b in zip(over, over[1:]))
+    return 6.0 * params * batch_size / topo.dense_flops

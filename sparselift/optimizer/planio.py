@@ -1,0 +1,91 @@
+"""Between the optimizer's choices and `sparselift.plans.Plan` (the plan file), both ways.
+
+Shards follow TorchRec's own layouts (row blocks of ceil(rows / n), equal column blocks) so that a
+plan the optimizer writes is the sharding TorchRec would construct for that option.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from sparselift import plans
+from sparselift.errors import UserError
+from sparselift.optimizer.cost_model import Globals
+from sparselift.optimizer.space import CW, DP, RW, TW, TWRW, Choice, OptionClass
+from sparselift.optimizer.stats import TableStats
+from sparselift.optimizer.topology import Topology
+
+
+def _row_blocks(rows: int, ranks: list[int], dim: int) -> list[plans.Shard]:
+    block = -(-rows // len(ranks))
+    out = []
+    for i, r in enumerate(ranks):
+        lo = min(rows, i * block)
+        out.append(plans.Shard(rank=r, offsets=(lo, 0), sizes=(min(rows, lo + block) - lo, dim)))
+    return out
+
+
+def table_plan(t: TableStats, ch: Choice, topo: Topology) -> plans.TablePlan:
+    c, n, d = ch.cls, t.num_embeddings, t.embedding_dim
+    ranks = ch.plan_ranks(topo)
+    if c.sharding_type == DP:
+        shards: list[plans.Shard] = []
+    elif c.sharding_type == TW:
+        shards = [plans.Shard(rank=ranks[0], offsets=(0, 0), sizes=(n, d))]
+    elif c.sharding_type == CW:
+        cols = d // c.shards
+        shards = [plans.Shard(rank=r, offsets=(0, i * cols), sizes=(n, cols)) for i, r in enumerate(ranks)]
+    else:  # RW, TWRW
+        shards = _row_blocks(n, ranks, d)
+    return plans.TablePlan(name=t.name, sharding_type=c.sharding_type, compute_kernel=c.kernel, ranks=ranks,
+                           shards=shards, cache_load_factor=c.cache_load_factor)
+
+
+def fingerprints(stats: list[TableStats]) -> list[plans.TableFingerprint]:
+    return [plans.TableFingerprint(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                                   feature_names=tuple(t.feature_names or (t.name,))) for t in stats]
+
+
+def plan_topology(topo: Topology) -> plans.PlanTopology:
+    return plans.PlanTopology(world_size=topo.world_size, local_world_size=topo.local_world_size,
+                              device=topo.device, preset=topo.preset)
+
+
+def to_plan(stats: list[TableStats], choices: Mapping[str, Choice], topo: Topology, g: Globals, *,
+            predicted: dict[str, Any] | None = None, solver: dict[str, Any] | None = None,
+            provenance: dict[str, Any] | None = None, module: str | None = None) -> plans.Plan:
+    plan = plans.Plan(model=fingerprints(stats), topology=plan_topology(topo),
+                      tables=[table_plan(t, choices[t.name], topo) for t in stats],
+                      comm_precision=plans.CommPrecision(forward=g.forward, backward=g.backward),
+                      pipeline=g.pipeline, module=module, predicted=predicted, solver=solver,
+                      provenance=provenance, source="<sparselift optimize>")
+    return plans.Plan.from_dict(plan.to_dict(), plan.source)
+
+
+def choices_from_plan(plan: Any, topo: Topology) -> tuple[dict[str, Choice], Globals]:
+    """Read any plan (ours, TorchRec's converted, round-robin) back into choices the model prices.
+
+    table_column_wise is priced as column shards on its ranks; a TWRW plan as its first rank's host.
+    """
+    if isinstance(plan, dict):
+        plan = plans.Plan.from_dict(plan)
+    out: dict[str, Choice] = {}
+    for t in plan.tables:
+        st = t.sharding_type
+        if st == DP:
+            ch = Choice(OptionClass(DP, "dense", topo.world_size))
+        elif st == TW:
+            ch = Choice(OptionClass(TW, t.compute_kernel, 1, t.cache_load_factor), ranks=(t.ranks[0],))
+        elif st in (CW, "table_column_wise"):
+            rs = tuple(s.rank for s in t.shards) or tuple(t.ranks)
+            ch = Choice(OptionClass(CW, t.compute_kernel, len(rs), t.cache_load_factor), ranks=rs)
+        elif st == RW:
+            ch = Choice(OptionClass(RW, t.compute_kernel, topo.world_size, t.cache_load_factor))
+        elif st == TWRW:
+            ch = Choice(OptionClass(TWRW, t.compute_kernel, topo.local_world_size, t.cache_load_factor),
+                        host=t.ranks[0] // topo.local_world_size)
+        else:
+            raise UserError(f"{plan.source}: table {t.name!r}: sharding type {st!r} is not priced by the optimizer")
+        out[t.name] = ch
+    g = Globals(forward=plan.comm_precision.forward, backward=plan.comm_precision.backward, pipeline=plan.pipeline)
+    return out, g

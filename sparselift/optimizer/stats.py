@@ -1,0 +1,115 @@
+"""Per-table statistics the cost model prices options with: sizes, ids per sample, hot-row skew.
+
+They come either from a workload spec (pooling_factor, zipf_alpha: what-if planning) or from a
+profile's `access_stats.parquet` (what was measured). A `TableStats` is frozen and hashable so the
+cost model can cache terms per (table stats, option): changing one table's statistics invalidates
+only that table's terms.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparselift.errors import UserError
+from sparselift.workloads.spec import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class TableStats:
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    ids_per_sample: float  # mean pooling factor (over all the table's features)
+    zipf_alpha: float = 0.0
+    top1pct_share: float | None = None  # measured share of accesses to the hottest 1% rows
+    top10pct_share: float | None = None
+    feature_names: tuple[str, ...] = ()
+
+    def hot_share(self, fraction: float) -> float:
+        """Share of accesses that hit the hottest `fraction` of rows (what a cache of that size catches)."""
+        fraction = min(max(fraction, 0.0), 1.0)
+        if fraction >= 1.0:
+            return 1.0
+        if self.top1pct_share is not None and self.top10pct_share is not None:
+            # power law through the two measured points: share = s1 * (fraction / 0.01) ** k
+            s1, s10 = max(self.top1pct_share, 1e-9), max(self.top10pct_share, self.top1pct_share, 1e-9)
+            k = math.log10(s10 / s1)
+            return min(1.0, s1 * (fraction / 0.01) ** k)
+        return zipf_share(self.num_embeddings, self.zipf_alpha, fraction)
+
+
+def zipf_share(n: int, alpha: float, fraction: float) -> float:
+    """Share of Zipf(alpha) draws over n ranks that fall on the top ceil(fraction·n) ranks."""
+    k = max(1, math.ceil(fraction * n))
+    if k >= n:
+        return 1.0
+    return _harmonic(k, alpha) / _harmonic(n, alpha)
+
+
+def _harmonic(n: int, a: float) -> float:
+    # generalized harmonic number, Euler–Maclaurin tail beyond 1000 terms (exact enough for shares)
+    m = min(n, 1000)
+    s = sum(i ** -a for i in range(1, m + 1))
+    if n > m:
+        if abs(a - 1.0) < 1e-9:
+            s += math.log(n / m)
+        else:
+            s += (n ** (1 - a) - m ** (1 - a)) / (1 - a)
+    return s
+
+
+def stats_from_spec(spec: WorkloadSpec) -> list[TableStats]:
+    if not spec.tables:
+        raise UserError(f"{spec.source or spec.name}: the workload has no tables")
+    return [TableStats(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                       ids_per_sample=t.pooling_factor * len(t.features), zipf_alpha=t.zipf_alpha,
+                       feature_names=tuple(t.features)) for t in spec.tables]
+
+
+def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
+    """Tables as profiled (capped sizes) and the per-rank batch size, from access_stats.parquet."""
+    import pandas as pd
+
+    path = Path(profile_dir, "access_stats.parquet")
+    if not path.is_file():
+        raise UserError(f"{profile_dir}: no access_stats.parquet (run `sparselift profile` to make a profile)")
+    df = pd.read_parquet(path)
+    need = {"table", "num_embeddings", "embedding_dim", "batch_size", "ids"}
+    missing = sorted(need - set(df.columns))
+    if missing or df.empty:
+        raise UserError(f"{path}: missing columns {', '.join(missing)}" if missing else f"{path}: no rows")
+    features = _manifest_features(Path(profile_dir))
+    out = []
+    order = list(dict.fromkeys(df["table"]))
+    for name in order:
+        g = df[df["table"] == name]
+        batch = float(g["batch_size"].median())
+        ids_per_sample = float(g["ids"].mean()) / max(batch, 1.0)
+
+        def col(c: str) -> float | None:
+            return float(g[c].mean()) if c in g and g[c].notna().any() else None
+
+        out.append(TableStats(name=str(name), num_embeddings=int(g["num_embeddings"].iloc[0]),
+                              embedding_dim=int(g["embedding_dim"].iloc[0]),
+                              ids_per_sample=max(ids_per_sample, 1e-6),
+                              zipf_alpha=col("zipf_alpha") or 0.0, top1pct_share=col("top1pct_share"),
+                              top10pct_share=col("top10pct_share"),
+                              feature_names=tuple(features.get(str(name), (str(name),)))))
+    return out, int(df["batch_size"].median())
+
+
+def _manifest_features(profile_dir: Path) -> dict[str, list[str]]:
+    """Feature names per table from manifest.json where it lists the model's tables."""
+    try:
+        m = json.loads((profile_dir / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    tables = (m.get("model") or {}).get("tables") or m.get("tables") or (m.get("workload") or {}).get("tables") or []
+    out = {}
+    for t in tables if isinstance(tables, list) else []:
+        if isinstance(t, dict) and "name" in t:
+            out[t["name"]] = list(t.get("feature_names") or [t["name"]])
+    return out

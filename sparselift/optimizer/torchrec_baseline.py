@@ -1,0 +1,196 @@
+"""TorchRec as the baseline and the referee.
+
+* `torchrec_plan`: the plan TorchRec's EmbeddingShardingPlanner makes for the same tables, statistics
+  (pooling factors) and topology (memory, bandwidths), offline, converted to a SparseLift plan with
+  `sparselift.plans.from_torchrec`. Its planner is slow on large models, so `torchrec_plan_timed`
+  runs it in a forked child under a hard timeout.
+* `torchrec_cost`: TorchRec's own EmbeddingPerfEstimator's verdict on *any* plan: enumerate the
+  options, copy the matching ShardingOption per table, give it the plan's shards (size, offset,
+  rank), re-estimate, and `NoopPerfModel(topology).rate` (max over ranks of the shards' perf).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import multiprocessing as mp
+import time
+import warnings
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from sparselift import plans
+from sparselift.optimizer.planio import fingerprints, plan_topology
+from sparselift.optimizer.stats import TableStats
+from sparselift.optimizer.topology import Topology
+
+MODULE = "ebc"
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    loggers = [logging.getLogger(), logging.getLogger("torchrec")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+
+
+def tr_topology(topo: Topology):
+    """TorchRec's Topology for ours (its bandwidths are bytes/ms)."""
+    from torchrec.distributed.planner import Topology as TRTopology
+
+    kw: dict[str, Any] = dict(world_size=topo.world_size, compute_device=topo.device,
+                              local_world_size=topo.local_world_size, ddr_cap=topo.ddr_bytes,
+                              intra_host_bw=topo.intra_host_bw / 1e3, inter_host_bw=topo.inter_host_bw / 1e3)
+    if topo.device == "cuda":
+        kw.update(hbm_cap=topo.hbm_bytes, hbm_mem_bw=topo.lookup_rate * 4 / 0.4 / 1e3)
+        if topo.hbm_to_ddr_bw:
+            kw.update(hbm_to_ddr_mem_bw=topo.hbm_to_ddr_bw / 1e3)
+    return TRTopology(**kw)
+
+
+def ebc(stats: list[TableStats]):
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    return EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name=s.name, embedding_dim=s.embedding_dim, num_embeddings=s.num_embeddings,
+                           feature_names=list(s.feature_names or (s.name,))) for s in stats], device=torch.device("meta"))
+
+
+def _constraints(stats: list[TableStats], types: dict[str, list[str]] | None = None,
+                 kernels: dict[str, list[str]] | None = None):
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    out = {}
+    for s in stats:
+        nf = max(1, len(s.feature_names))
+        kw: dict[str, Any] = dict(pooling_factors=[s.ids_per_sample / nf] * nf)
+        if types:
+            kw["sharding_types"] = types[s.name]
+        if kernels:
+            kw["compute_kernels"] = kernels[s.name]
+        out[s.name] = ParameterConstraints(**kw)
+    return out
+
+
+class _AllTypesSharder:
+    """EmbeddingBagCollectionSharder that offers every sharding type and kernel on every device:
+    row-wise and table-row-wise run on gloo CPU when the plan is built directly, so the referee must
+    be able to score them there too."""
+
+    def __new__(cls):
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.types import ShardingType
+
+        class Sharder(EmbeddingBagCollectionSharder):
+            def sharding_types(self, compute_device_type: str) -> list[str]:
+                return [t.value for t in (ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE,
+                                          ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE,
+                                          ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)]
+
+            def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+                if sharding_type == ShardingType.DATA_PARALLEL.value:
+                    return ["dense"]
+                return ["fused", "fused_uvm_caching"] if compute_device_type == "cuda" else ["fused"]
+
+        return Sharder()
+
+
+def torchrec_plan(stats: list[TableStats], topo: Topology, batch_size: int,
+                  timeout_s: int | None = None) -> plans.Plan:
+    """TorchRec's EmbeddingShardingPlanner on these tables and this topology, as a SparseLift plan."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    with quiet():
+        planner = EmbeddingShardingPlanner(topology=tr_topology(topo), batch_size=batch_size,
+                                           constraints=_constraints(stats), timeout_seconds=timeout_s)
+        try:
+            sp = planner.plan(ebc(stats), [EmbeddingBagCollectionSharder()])
+        except Exception as e:  # noqa: BLE001 - PlannerError: TorchRec found no plan
+            if type(e).__name__ == "PlannerError":
+                raise plans.PlanError("torchrec planner", str(e).strip().splitlines()[0]) from None
+            raise
+    return plans.from_torchrec(sp, fingerprints(stats), plan_topology(topo),
+                               provenance={"planner": "torchrec.EmbeddingShardingPlanner"})
+
+
+def _child(q, stats, topo, batch_size, timeout_s) -> None:
+    try:
+        t0 = time.perf_counter()
+        p = torchrec_plan(stats, topo, batch_size, timeout_s)
+        q.put(("ok", p.to_dict(), time.perf_counter() - t0))
+    except Exception as e:  # noqa: BLE001 - reported to the parent as text
+        q.put(("error", f"{type(e).__name__}: {e}", 0.0))
+
+
+def torchrec_plan_timed(stats: list[TableStats], topo: Topology, batch_size: int,
+                        timeout_s: float) -> tuple[plans.Plan | None, float, str]:
+    """(plan or None, seconds, status: ok | timeout | error text) with a hard wall-clock limit."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    t0 = time.perf_counter()
+    proc = ctx.Process(target=_child, args=(q, stats, topo, batch_size, max(1, int(timeout_s))), daemon=True)
+    proc.start()
+    try:
+        status, payload, secs = q.get(timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - queue.Empty: the planner is still running
+        proc.kill()
+        proc.join()
+        return None, time.perf_counter() - t0, "timeout"
+    proc.join()
+    if status != "ok":
+        return None, time.perf_counter() - t0, payload
+    return plans.Plan.from_dict(payload, "<torchrec plan>"), secs, "ok"
+
+
+def torchrec_cost(plan_list: list[plans.Plan], stats: list[TableStats], topo: Topology, batch_size: int) -> list[float]:
+    """TorchRec's EmbeddingPerfEstimator + NoopPerfModel cost (ms) of each plan."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.perf_models import NoopPerfModel
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+    from torchrec.distributed.planner.types import Shard
+
+    types: dict[str, list[str]] = {s.name: [] for s in stats}
+    kernels: dict[str, list[str]] = {s.name: [] for s in stats}
+    for p in plan_list:
+        for t in p.tables:
+            if t.sharding_type not in types[t.name]:
+                types[t.name].append(t.sharding_type)
+            if t.compute_kernel not in kernels[t.name]:
+                kernels[t.name].append(t.compute_kernel)
+    with quiet():
+        trt = tr_topology(topo)
+        cons = _constraints(stats, types, kernels)
+        estimator = EmbeddingPerfEstimator(topology=trt, constraints=cons)
+        enum = EmbeddingEnumerator(topology=trt, batch_size=batch_size, constraints=cons, estimator=[estimator])
+        options = enum.enumerate(ebc(stats), [_AllTypesSharder()])
+        by_key = {}
+        for o in options:
+            by_key.setdefault((o.name, o.sharding_type, o.compute_kernel), o)
+        out = []
+        for p in plan_list:
+            chosen = []
+            for t in p.tables:
+                base = by_key[(t.name, t.sharding_type, t.compute_kernel)]
+                o = copy.copy(base)
+                o.shards = ([Shard(size=list(s.sizes), offset=list(s.offsets), rank=s.rank) for s in t.shards]
+                            if t.shards else
+                            [Shard(size=list(base.shards[0].size), offset=[0, 0], rank=r) for r in t.ranks])
+                if t.cache_load_factor is not None and o.cache_params is not None:
+                    o.cache_params = copy.copy(o.cache_params)
+                    o.cache_params.load_factor = t.cache_load_factor
+                chosen.append(o)
+            estimator.estimate(chosen, enum._sharder_data_map if hasattr(enum, "_sharder_data_map") else {})
+            out.append(float(NoopPerfModel(trt).rate(chosen)))
+    return out
