@@ -85,15 +85,13 @@ def load_plans(paths: list[str | Path]) -> dict[str, Any]:
 
 
 def bench_rows(bench: dict[str, Any] | None, named_plans: dict[str, Any]) -> list[dict[str, Any]]:
-    """Predicted (from each plan) vs measured (from a `sparselift bench --json` result) step times."""
+    """Predicted (from each plan) vs measured (a `sparselift bench --json` result) step times."""
     rows = []
-    for entry in (bench or {}).get("results", []):
-        name = Path(entry.get("plan") or "").name.removesuffix(".json")
-        plan = named_plans.get(name)
-        predicted = ((plan.predicted or {}).get("step_time_s") if plan is not None else None)
-        measured = entry.get("steps_per_s_median")
-        rows.append(dict(plan=entry.get("label", name), predicted_step_s=predicted,
-                         measured_step_s=1.0 / measured if measured else None))
+    for c in (bench or {}).get("contenders", []):
+        plan = named_plans.get(Path(c["plan"]).name.removesuffix(".json")) if c.get("plan") else None
+        predicted = (plan.predicted or {}).get("step_time_s") if plan is not None else None
+        rows.append(dict(plan=c["label"], predicted_step_s=predicted, measured_step_s=1.0 / c["median"],
+                         steps_per_s=c["median"], ratio=c["ratio"]))
     return rows
 
 
