@@ -30,6 +30,8 @@ def register(sub) -> None:
     q = psub.add_parser("diff", help="what differs between plan A and plan B")
     q.add_argument("a")
     q.add_argument("b")
+    q.add_argument("--bench", default=None, metavar="JSON", help="a `sparselift bench --json` result to show too")
+    q.add_argument("--html", default=None, metavar="OUT", help="also write a self-contained HTML report")
     q.set_defaults(run=run_diff, command="plan diff")
 
     q = psub.add_parser("from-torchrec", help="export the plan TorchRec's EmbeddingShardingPlanner makes")
@@ -117,7 +119,19 @@ def run_diff(args: argparse.Namespace) -> int:
 
     a, b = load(args.a), load(args.b)
     lines = diff(a, b)
-    print("\n".join(lines) if lines else "the plans shard identically")
+    text = "\n".join(lines) if lines else "the plans shard identically"
+    print(text)
+    if args.html:
+        import json
+        from pathlib import Path
+
+        from sparselift.analysis.report import write_report
+        from sparselift.analysis.views import load_plans, plan_sections
+
+        bench = json.loads(Path(args.bench).read_text()) if args.bench else None
+        write_report(args.html, f"Plans: {args.a} vs {args.b}",
+                     [("Differences", text)] + plan_sections(load_plans([args.a, args.b]), bench))
+        print(f"wrote {args.html}")
     return 0
 
 
