@@ -37,7 +37,7 @@ def profiled(args) -> tuple[float, float]:
                           steps=args.steps + args.after, max_rows=args.max_rows, pipeline=args.pipeline,
                           device=args.device, hook=HOOK,
                           hook_args=dict(out_dir=out, warmup=args.warmup, steps=args.steps,
-                                         execution_trace=not args.no_execution_trace))
+                                         execution_trace=args.execution_trace))
         per_step = slowest_rank(run_training(cfg))
     window = per_step[args.warmup:args.warmup + args.steps]
     return statistics.median(window), statistics.median(per_step[args.warmup + args.steps:])
@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--max-rows", type=int, default=None)
     p.add_argument("--pipeline", default=None)
     p.add_argument("--device", default="auto")
-    p.add_argument("--no-execution-trace", action="store_true")
+    p.add_argument("--execution-trace", action="store_true", help="also record the execution trace")
     args = p.parse_args()
 
     base, window, after = [], [], []

@@ -18,7 +18,7 @@ STEPS, WARMUP = 3, 2
 def profile_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "tiny"
     rc = main(["profile", "--workload", "tiny", "--nproc", "2", "--steps", str(STEPS), "--warmup", str(WARMUP),
-               "--after", "3", "--out", str(out)])
+               "--after", "3", "--execution-trace", "--out", str(out)])
     assert rc == 0
     return out
 
@@ -98,7 +98,7 @@ def test_force_replaces_a_profile(tmp_path):
     out.mkdir()
     (out / "rank7.trace.json.gz").write_bytes(b"stale")
     rc = main(["profile", "--workload", "tiny", "--nproc", "2", "--steps", "1", "--warmup", "1", "--after", "0",
-               "--no-execution-trace", "--force", "--out", str(out)])
+               "--force", "--out", str(out)])
     assert rc == 0
     assert sorted(p.name for p in out.iterdir()) == ["access_stats.parquet", "manifest.json",
                                                      "rank0.trace.json.gz", "rank1.trace.json.gz"]

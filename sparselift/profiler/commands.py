@@ -23,7 +23,8 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="write into a non-empty DIR (replacing a profile there)")
     p.add_argument("--after", type=int, default=5, metavar="N",
                    help="steps to keep training after the window, to time the steady state (default 5)")
-    p.add_argument("--no-execution-trace", action="store_true", help="skip rank<R>.et.json")
+    p.add_argument("--execution-trace", action=argparse.BooleanOptionalAction, default=False,
+                   help="also record rank<R>.et.json (torch ExecutionTraceObserver; costs time and space; default off)")
     p.set_defaults(run=run_profile)
 
 
@@ -44,7 +45,7 @@ def run_profile(args: argparse.Namespace) -> int:
                     f.unlink()
     cfg = config_from_args(args, plan=args.plan, hook=HOOK, hook_args=dict(
         out_dir=str(out.resolve()), warmup=args.warmup, steps=args.steps,
-        execution_trace=not args.no_execution_trace, command=command_line(args)))
+        execution_trace=args.execution_trace, command=command_line(args)))
     cfg.steps = args.steps + args.after
     result = run_training(cfg)
     errors = [e for r in result.ranks for e in (f"rank {r.rank}: {x}" for x in r.extra.get("errors", []))]

@@ -12,7 +12,10 @@ Steps before the window run untouched. At the first profiled step the session st
 torch.profiler and wraps the sharded modules' `input_dist`; after the last it stops, unwraps, writes
 this rank's trace, and gathers every rank's access statistics on rank 0, which writes
 `access_stats.parquet` and `manifest.json` (unless `write_files=False`: then `finish()` hands them to
-the caller). After the window, `step_begin` / `step_end` return at once. Nothing the profiler does
+the caller). `execution_trace=True` also records torch's ExecutionTraceObserver (`rank<R>.et.json`,
+op dependencies joinable to the Kineto trace); it is off by default because it costs: ~3 MB per rank for
+3 steps of `tiny`, and steps after the window measured slower with it (benchmarks/bench_profiler_overhead.py).
+After the window, `step_begin` / `step_end` return at once. Nothing the profiler does
 may stop training: every failure is caught, warned about once, and listed in `errors`.
 """
 
@@ -76,7 +79,7 @@ class ProfileSession:
     """Profile steps [warmup, warmup + steps) of the training loop on this rank."""
 
     def __init__(self, out_dir: str | Path, model: nn.Module, *, warmup: int = 5, steps: int = 3,
-                 execution_trace: bool = True, pipeline: Any = None, write_files: bool = True,
+                 execution_trace: bool = False, pipeline: Any = None, write_files: bool = True,
                  spec_tables: dict[str, Any] | None = None, command: list[str] | None = None,
                  workload: str | None = None, device: torch.device | None = None) -> None:
         if warmup < 0 or steps < 1:

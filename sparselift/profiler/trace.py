@@ -26,7 +26,7 @@ def et_name(rank: int) -> str:
 class TraceRecorder:
     """Kineto trace (+ optional execution trace) of the steps between `start` and `stop`."""
 
-    def __init__(self, out_dir: Path, rank: int, device: torch.device, execution_trace: bool = True) -> None:
+    def __init__(self, out_dir: Path, rank: int, device: torch.device, execution_trace: bool = False) -> None:
         self.out_dir, self.rank, self.device = Path(out_dir), rank, device
         self._et_tmp = self.out_dir / f".{et_name(rank)}.{os.getpid()}.tmp"
         self._et: ExecutionTraceObserver | None = None
