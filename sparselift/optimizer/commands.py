@@ -1,0 +1,114 @@
+"""`sparselift optimize`: plan the sparse path for a profile or a workload on a target topology."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sparselift.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("optimize", help="choose a sharding/kernel/qcomm/pipeline plan with CP-SAT")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--profile", metavar="DIR", help="a profile directory analyzed by `sparselift analyze`")
+    src.add_argument("--workload", help="built-in workload name or spec path (what-if planning)")
+    p.add_argument("--calibration", metavar="FILE", help="with --workload: a calibration.json to price with")
+    p.add_argument("--topology", metavar="FILE", help="a topology file (format sparselift-topology)")
+    p.add_argument("--world-size", type=int, default=None, help="ranks (default: the profile's, else 2)")
+    p.add_argument("--local-world-size", type=int, default=None, help="ranks per host")
+    p.add_argument("--device", default=None, help="preset: cpu-gloo (default), h100x8, h200x8")
+    p.add_argument("--max-rows", type=int, default=None, help="with --workload: cap every table's rows")
+    p.add_argument("--batch-size", type=int, default=None, help="samples per rank (default: workload/profile)")
+    p.add_argument("--time-limit", type=float, default=30.0, help="solver seconds (default 30)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1, help="CP-SAT workers (1: deterministic, default)")
+    p.add_argument("--mode", choices=("auto", "exact", "decomposed"), default="auto")
+    p.add_argument("--baseline-timeout", type=float, default=120.0, help="seconds TorchRec's planner may take")
+    p.add_argument("--no-baseline", action="store_true", help="skip TorchRec's planner (no warm start)")
+    p.add_argument("--out", required=True, help="plan file to write")
+    p.set_defaults(run=run_optimize)
+
+
+def _inputs(args: argparse.Namespace):
+    from sparselift.optimizer.calibration import coefficients, dense_step_estimate, load_calibration
+    from sparselift.optimizer.optimize import Inputs
+    from sparselift.optimizer.stats import stats_from_profile, stats_from_spec
+    from sparselift.optimizer.topology import load_topology, preset
+
+    calibration, spec = None, None
+    if args.profile:
+        cal = Path(args.profile, "calibration.json")
+        if not Path(args.profile).is_dir():
+            raise UserError(f"{args.profile}: not a profile directory")
+        if not cal.is_file():
+            raise UserError(f"{args.profile} has no calibration.json: run `sparselift analyze {args.profile}` first")
+        calibration = load_calibration(cal)
+        stats, batch = stats_from_profile(args.profile)
+        provenance = {"profile": str(args.profile)}
+    else:
+        from sparselift.workloads.spec import load_workload
+
+        spec = load_workload(args.workload).capped(args.max_rows)
+        stats, batch = stats_from_spec(spec), spec.batch_size
+        if args.calibration:
+            calibration = load_calibration(args.calibration)
+        provenance = {"workload": spec.name, "max_rows": args.max_rows}
+    batch = args.batch_size or batch
+    if args.topology:
+        if args.world_size or args.device:
+            raise UserError("--topology already says the world size and device; drop --world-size/--device")
+        topo = load_topology(args.topology)
+    else:
+        world = args.world_size or int((calibration or {}).get("world_size", 2))
+        topo = preset(args.device or "cpu-gloo", world, args.local_world_size)
+    dense = dense_step_estimate(spec, topo, batch) if spec is not None else 0.0
+    provenance["topology"] = topo.preset or args.topology
+    return Inputs(stats, topo, batch, coefficients(topo, calibration, dense), provenance)
+
+
+def run_optimize(args: argparse.Namespace) -> int:
+    from sparselift import plans
+    from sparselift.optimizer.optimize import optimize
+    from sparselift.optimizer.torchrec_baseline import torchrec_plan_timed
+
+    inp = _inputs(args)
+    topo = inp.topo
+    print(f"planning {len(inp.stats)} tables for {topo.world_size} ranks ({topo.num_hosts} host(s), "
+          f"{topo.preset or 'topology file'}, {topo.device}), batch {inp.batch_size}/rank, "
+          f"coefficients: {inp.coeffs.source}")
+    baseline = None
+    if not args.no_baseline:
+        baseline, secs, status = torchrec_plan_timed(inp.stats, topo, inp.batch_size, args.baseline_timeout)
+        print(f"TorchRec's planner: {status} in {secs:.1f} s" + ("" if baseline else " (no warm start)"))
+    print("solving (CP-SAT):")
+    res = optimize(inp, time_limit_s=args.time_limit, seed=args.seed, workers=args.workers, mode=args.mode,
+                   baseline=baseline, progress=lambda line: print(line, flush=True))
+    plans.save(res.plan, args.out)
+    s = res.plan.solver
+    ours = res.cost.step_time_s
+    print(f"\n{'plan':24s} {'step (pred.)':>14s}")
+    print(f"{'SparseLift':24s} {ours * 1e3:11.3f} ms")
+    if res.baseline_cost is not None:
+        tr = res.baseline_cost.step_time_s
+        print(f"{'TorchRec planner':24s} {tr * 1e3:11.3f} ms   → {tr / ours:.3f}× predicted speedup")
+    print(f"solver: {s['status']}, {res.solution.mode}, objective {s['objective'] * 1e3:.3f} ms, bound "
+          f"{s['bound'] * 1e3:.3f} ms, gap {s['gap'] * 100:.2f}%, {res.solution.wall_s:.1f} s wall, seed {s['seed']}")
+    print(f"choices: pipeline {res.plan.pipeline}, comm precision fwd {res.plan.comm_precision.forward} / bwd "
+          f"{res.plan.comm_precision.backward}; " + _mix(res.plan))
+    mem = "HBM" if topo.device == "cuda" else "memory"
+    cap = topo.usable(topo.hbm_bytes if topo.device == "cuda" else topo.ddr_bytes)
+    print(f"{mem} per rank (usable {cap / 2**30:.1f} GiB): " + ", ".join(
+        f"{r['rank']}: {r['memory_bytes'] / 2**20:.1f} MiB" for r in res.cost.per_rank[:16])
+        + (" …" if topo.world_size > 16 else ""))
+    print(f"wrote {args.out}")
+    sys.stdout.flush()
+    return 0
+
+
+def _mix(plan) -> str:
+    from collections import Counter
+
+    c = Counter(f"{t.sharding_type}/{t.compute_kernel}" for t in plan.tables)
+    return ", ".join(f"{n}× {k}" for k, n in sorted(c.items()))

@@ -1,0 +1,73 @@
+"""`sparselift optimize`: deterministic plan files, refusals (exit 2, no plan file), and the plan trains."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparselift.cli import main
+
+
+def _run(*args: str) -> int:
+    return main(["optimize", *args])
+
+
+def test_same_inputs_same_bytes(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert _run("--workload", "tiny", "--out", str(a), "--time-limit", "5") == 0
+    assert _run("--workload", "tiny", "--out", str(b), "--time-limit", "5") == 0
+    assert a.read_bytes() == b.read_bytes()
+    plan = json.loads(a.read_text())
+    assert plan["solver"]["gap"] is not None and plan["predicted"]["step_time_s"] > 0
+
+
+def test_what_if_gpu_topology_multi_host(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert _run("--workload", "multihot-26", "--device", "h200x8", "--world-size", "16", "--out", str(out),
+                "--time-limit", "4", "--no-baseline") == 0
+    from sparselift import plans
+
+    plan = plans.load(out)
+    assert plan.topology.world_size == 16 and plan.topology.device == "cuda"
+    assert "HBM per rank" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", ["no-calibration", "bad-topology", "bad-topology-json", "too-big", "empty"])
+def test_refusals(tmp_path, capsys, case):
+    out = tmp_path / "plan.json"
+    if case == "no-calibration":
+        (tmp_path / "prof").mkdir()
+        args = ["--profile", str(tmp_path / "prof")]
+        want = "sparselift analyze"
+    elif case == "bad-topology":
+        f = tmp_path / "t.json"
+        f.write_text(json.dumps({"format": "sparselift-topology", "version": 1, "world_size": 2, "device": "tpu"}))
+        args, want = ["--workload", "tiny", "--topology", str(f)], "device"
+    elif case == "bad-topology-json":
+        f = tmp_path / "t.json"
+        f.write_text('{"format": ')
+        args, want = ["--workload", "tiny", "--topology", str(f)], "malformed JSON"
+    elif case == "too-big":
+        f = tmp_path / "t.json"
+        f.write_text(json.dumps({"format": "sparselift-topology", "version": 1, "base": "cpu-gloo",
+                                 "world_size": 2, "ddr_bytes": 4 * 2**20}))
+        args, want = ["--workload", "tiny", "--topology", str(f)], "largest tables"
+    else:
+        f = tmp_path / "w.json"
+        f.write_text(json.dumps({"name": "e", "batch_size": 8, "dense_in_features": 1,
+                                 "model": {"arch": "dlrm", "dense_arch": [4], "over_arch": [1]}, "tables": []}))
+        args, want = ["--workload", str(f)], "no tables"
+    assert _run(*args, "--out", str(out), "--no-baseline") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and want in err[0]
+    assert not out.exists() and not list(tmp_path.glob(".plan.json*"))
+
+
+def test_plan_loads_and_trains(tmp_path):
+    from sparselift.workloads.harness import TrainConfig, run_training
+
+    out = tmp_path / "p.json"
+    assert _run("--workload", "tiny", "--out", str(out), "--time-limit", "5", "--no-baseline") == 0
+    result = run_training(TrainConfig(workload="tiny", nproc=2, steps=3, warmup=1, plan=str(out)))
+    assert result.steps_per_s > 0

@@ -1,0 +1,62 @@
+"""The cost model: incremental caches, skew pricing, predict_plan on any plan."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sparselift import plans
+from sparselift.optimizer.calibration import Linear, coefficients
+from sparselift.optimizer.cost_model import CostModel, predict_plan
+from sparselift.optimizer.planio import fingerprints, plan_topology
+from sparselift.optimizer.space import CW, TW, Choice, OptionClass, enumerate_classes
+from sparselift.optimizer.stats import TableStats, zipf_share
+from sparselift.optimizer.topology import preset
+
+T = [TableStats(f"t{i}", 1000 * (i + 1), 32, 2.0 + i, zipf_alpha=1.1, feature_names=(f"t{i}",)) for i in range(4)]
+
+
+def test_changed_stats_recompute_only_that_table():
+    topo = preset("cpu-gloo", 2)
+    m = CostModel(topo, 64, coefficients(topo))
+    for t in T:
+        for c in enumerate_classes(t, topo, 64):
+            m.terms(t, c)
+    before = m.counts.cache_info().misses
+    changed = dataclasses.replace(T[1], ids_per_sample=9.0)
+    n = len(enumerate_classes(changed, topo, 64))
+    for t in [T[0], changed, T[2], T[3]]:
+        for c in enumerate_classes(t, topo, 64):
+            m.terms(t, c)
+    assert m.counts.cache_info().misses - before == n
+    # a changed coefficient re-multiplies cached counts: no new count computations
+    m.coeffs = dataclasses.replace(m.coeffs, lookup_fwd=Linear(0.0, 1e-8))
+    m.terms(T[0], OptionClass(TW, "fused"))
+    assert m.counts.cache_info().misses - before == n
+
+
+def test_hot_share_from_zipf_and_measured_points():
+    assert zipf_share(10_000, 0.0, 0.1) == pytest.approx(0.1, rel=1e-3)
+    assert zipf_share(10_000, 1.2, 0.01) > 0.5
+    t = TableStats("x", 10_000, 16, 1.0, top1pct_share=0.3, top10pct_share=0.6)
+    assert t.hot_share(0.01) == pytest.approx(0.3) and t.hot_share(0.1) == pytest.approx(0.6)
+    assert t.hot_share(0.05) < t.hot_share(0.2) <= 1.0
+
+
+def test_predict_plan_of_round_robin_and_balance():
+    topo = preset("cpu-gloo", 2)
+    rr = plans.round_robin_table_wise(fingerprints(T), plan_topology(topo))
+    cost = predict_plan(rr, T, None, topo, batch_size=64)
+    assert cost.step_time_s > 0 and len(cost.per_rank) == 2
+    assert cost.per_rank[0]["memory_bytes"] > 0
+    # lookups follow the owner: t3 (largest pooling) on rank 1
+    assert cost.per_rank[1]["compute_s"] > cost.per_rank[0]["compute_s"]
+
+
+def test_column_shards_split_lookup_work():
+    topo = preset("cpu-gloo", 2)
+    m = CostModel(topo, 64, coefficients(topo))
+    tw, cw = m.terms(T[0], OptionClass(TW, "fused")), m.terms(T[0], OptionClass(CW, "fused", 2))
+    assert cw.own[1] == pytest.approx(tw.own[1] / 2)  # lookup_fwd per shard
+    assert cw.remote_intra[0] == pytest.approx(tw.remote_intra[0])  # ids go to every shard
