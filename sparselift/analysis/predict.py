@@ -59,7 +59,10 @@ def work_per_rank(shards: pd.DataFrame, stats: pd.DataFrame, world_size: int) ->
                 continue
             share = s.rows / float(num_rows.get(t, s.rows)) if st in ("row_wise", "table_row_wise") else 1.0
             rows.append((s.rank, "lookup", st, ids_total * share * s.cols))
-            rows.append((s.rank, "output_dist", st, world_size * batch * s.cols * EMB_BYTES))
+            rows.append((s.rank, "output_dist_fwd", st, world_size * batch * s.cols * EMB_BYTES))
+            # backward: all-to-all of the same gradients; row-wise all-gathers the rank's own batch
+            bwd = batch if st in ("row_wise", "table_row_wise") else world_size * batch
+            rows.append((s.rank, "output_dist_bwd", st, bwd * s.cols * EMB_BYTES))
         if st != "data_parallel":
             copies = n_shards if st in ("column_wise", "table_column_wise") else 1
             len_copies = n_shards
@@ -81,11 +84,9 @@ def predict(cal: Calibration, plan: Any, stats: pd.DataFrame, world_size: int | 
         for kind in ("lookup_fwd", "lookup_bwd"):
             f = cal.ops.get(kind)
             row[kind] = sum(f.cost(x) for x in lk["x"]) if f else 0.0
-        dist = {k: wr[wr["kind"] == k] for k in ("input_dist", "output_dist")}
-        for kind, src in (("input_dist", "input_dist"), ("output_dist_fwd", "output_dist"),
-                          ("output_dist_bwd", "output_dist")):
+        for kind in ("input_dist", "output_dist_fwd", "output_dist_bwd"):
             f = cal.ops.get(kind)
-            d = dist[src]
+            d = wr[wr["kind"] == kind]
             row[kind] = f.cost(d["x"].sum(), groups=float(len(d))) if f is not None and len(d) else 0.0
         f = cal.ops.get("dp_allreduce")
         dp = wr[wr["kind"] == "dp_allreduce"]["x"].sum()

@@ -24,6 +24,7 @@ NODE_COLUMNS = ["node_id", "rank", "step", "kind", "stage", "phase", "module", "
                 "thread", "start_us", "end_us", "dur_s", "ids", "bytes", "x", "tables", "coll_key", "coll_op",
                 "transfer_s", "skew_s"]
 MAIN_PARTS = ("compute", "wait", "idle")
+GLOO_RUNS_AS = {"all_reduce": ("reduce_scatter",)}  # gloo has no reduce-scatter: c10d runs an all-reduce
 
 
 @dataclass
@@ -145,6 +146,9 @@ def collectives(tr: Trace, main: pd.DataFrame, pid: str, tid: str) -> tuple[pd.D
         used: set[int] = set()
         for k, (ts, op) in enumerate(zip(coll["ts"], coll["op"])):
             cands = [i for i, lts, lop in c10d_ops if i not in used and lop == op and lts <= ts + 1.0]
+            if not cands:  # gloo runs some collectives as others (reduce_scatter → all_reduce)
+                cands = [i for i, lts, lop in c10d_ops if i not in used and lts <= ts + 1.0
+                         and lop in GLOO_RUNS_AS.get(op, ())]
             if cands:
                 launch[k] = cands[0]  # launches run in order on their worker threads
                 used.add(cands[0])
@@ -211,7 +215,7 @@ def rank_nodes(tr: Trace, rank: int) -> tuple[pd.DataFrame, pd.DataFrame, list[s
     ev = tr.events
     pid, tid = main_thread(ev)
     steps = step_windows(ev, pid, tid)
-    main = ev[(ev["pid"] == pid) & (ev["tid"] == tid) & ~ev["cat"].isin(("cuda_runtime", "cuda_driver"))
+    main = ev[(ev["pid"] == pid) & (ev["tid"] == tid) & ~ev["cat"].isin(("cuda_driver",))
               & ~ev["name"].str.match(names.STEP.pattern)]
     main = annotate_stack(main.reset_index(drop=True))
     main["ids"] = lookup_ids(main)
@@ -220,7 +224,7 @@ def rank_nodes(tr: Trace, rank: int) -> tuple[pd.DataFrame, pd.DataFrame, list[s
                 else [None, "other", None, None]
                 for i in coll["launch"]]
     coll[["stage", "phase", "module", "sharding"]] = pd.DataFrame(coll_ctx, index=coll.index, columns=["stage", "phase", "module", "sharding"])
-    coll["kind"] = [kind_of(s, p) if s else ("dp_allreduce" if op == "all_reduce" else "dense_comm")
+    coll["kind"] = [kind_of(s, p) if _none(s) else ("dp_allreduce" if op == "all_reduce" else "dense_comm")
                     for s, p, op in zip(coll["stage"], coll["phase"], coll["op"])]
     launch_ts = [main.at[i, "ts"] if i >= 0 else t for i, t in zip(coll["launch"], coll["ts"])]
     coll["launch_ts"] = launch_ts
@@ -228,9 +232,9 @@ def rank_nodes(tr: Trace, rank: int) -> tuple[pd.DataFrame, pd.DataFrame, list[s
     for st in steps.itertuples():
         segs = self_segments(main, st.start_us, st.end_us)
         c = coll[(coll["launch_ts"] >= st.start_us) & (coll["launch_ts"] < st.end_us)].sort_values("launch_ts")
-        rows += _main_rows(main, segs, c, rank, st.step, f"{pid}/{tid}")
+        rows += _main_rows(main, segs, c, rank, st.step, f"{pid}/{tid}", tr.is_cuda)
         for k, r in enumerate(c.itertuples()):
-            rows.append(dict(rank=rank, step=st.step, kind=r.kind, stage=r.stage or "dense", phase=r.phase,
+            rows.append(dict(rank=rank, step=st.step, kind=r.kind, stage=_none(r.stage) or "dense", phase=r.phase,
                              module=r.module, sharding=r.sharding, part="collective", resource="network",
                              thread=f"{r.pid}/{r.tid}", start_us=r.ts, end_us=r.end, dur_s=r.dur * 1e-6, ids=0,
                              bytes=int(r.bytes), coll_key=f"{st.step}.{k}", coll_op=r.op))
@@ -279,8 +283,12 @@ def fill_modules(nodes: pd.DataFrame) -> pd.DataFrame:
     return nodes
 
 
-def _main_rows(main: pd.DataFrame, segs: pd.DataFrame, coll: pd.DataFrame, rank: int, step: int, thread: str) -> list[dict]:
-    """Label each self-time segment, split at collective boundaries, then sum per label."""
+def _main_rows(main: pd.DataFrame, segs: pd.DataFrame, coll: pd.DataFrame, rank: int, step: int, thread: str,
+               cuda: bool = False) -> list[dict]:
+    """Label each self-time segment, split at collective boundaries, then sum per label.
+
+    On CPU (gloo) the Python thread blocks inside annotations and c10d ops while a collective runs;
+    on CUDA it runs ahead of the device and only waits in explicit waits / synchronizations."""
     cuts = np.unique(np.concatenate([coll["ts"].values, coll["end"].values])) if len(coll) else np.array([])
     acc: dict[tuple, dict] = {}
     cstart, cend = coll["ts"].values, coll["end"].values
@@ -290,9 +298,10 @@ def _main_rows(main: pd.DataFrame, segs: pd.DataFrame, coll: pd.DataFrame, rank:
         if i >= 0:
             name, cat = main.at[i, "name"], main.at[i, "cat"]
             stage, phase, mod, sh = (_none(main.at[i, c]) for c in ("stage", "phase", "module", "sharding"))
-            waitable = cat == "user_annotation" or bool(names.WAIT.search(name) or names.C10D.search(name))
+            waitable = bool(names.WAIT.search(name)) or (not cuda and (cat == "user_annotation"
+                                                                          or bool(names.C10D.search(name))))
         else:
-            stage, phase, mod, sh, waitable = None, "other", None, None, True
+            stage, phase, mod, sh, waitable = None, "other", None, None, not cuda
         for x, y in zip(bounds, bounds[1:]):
             mid = (x + y) / 2
             flying = np.nonzero((cstart <= mid) & (cend > mid))[0]
