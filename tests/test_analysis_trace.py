@@ -48,7 +48,7 @@ def cuda_trace() -> dict:
         _x(f"[output_dist]_[{M}]_[table_wise]", "user_annotation", 340, 100),
         _x("c10d::alltoall_base_", "cpu_op", 350, 50, **{"Input Dims": [[256, 64]], "Input type": ["float"]}),
         _x("cudaLaunchKernel", "cuda_runtime", 360, 10, correlation=13),
-        _x("cudaStreamSynchronize", "cuda_runtime", 600, 390, correlation=14),
+        _x("cudaStreamSynchronize", "cuda_runtime", 520, 470, correlation=14),
         # device side
         _x("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", "kernel", 60, 80, tid=20, pid=0,
            device=0, stream=20, correlation=11),

@@ -166,7 +166,9 @@ def collectives(tr: Trace, main: pd.DataFrame, pid: str, tid: str) -> tuple[pd.D
 
 def _enclosing(main: pd.DataFrame, ts: float) -> int:
     """Index of the innermost main-thread event containing ts (-1: none)."""
-    hit = main[(main["ts"] <= ts) & (main["end"] >= ts)]
+    hit = main[(main["ts"] <= ts) & (main["end"] >= ts) & (main["cat"] != "cuda_runtime")]
+    comm = hit[hit["name"].str.match(names.C10D.pattern)]  # the c10d op carries the shapes
+    hit = comm if len(comm) else hit
     return int(hit["depth"].idxmax()) if len(hit) else -1
 
 
