@@ -1,0 +1,86 @@
+"""Measured: `sparselift bench` steps/s of SparseLift's plan vs TorchRec's plan vs round-robin table-wise.
+
+Per workload (tiny, multihot-26, criteo-kaggle; capped by --max-rows) at 2 ranks: plan with
+`sparselift optimize` (from a profile + calibration when --from-profile, else from the workload
+spec), write the DLRM-reference round-robin plan, then one interleaved `sparselift bench` run of the
+three. Target: ≥ 1.26× over TorchRec's plan.
+
+    .venv/bin/python benchmarks/bench_optimizer_speedup.py                       # full (the lead)
+    .venv/bin/python benchmarks/bench_optimizer_speedup.py --quick               # tiny, few steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from sparselift import plans
+from sparselift.optimizer.planio import fingerprints, plan_topology
+from sparselift.optimizer.stats import stats_from_spec
+from sparselift.optimizer.topology import preset
+from sparselift.workloads.spec import load_workload
+
+CLI = [sys.executable, "-m", "sparselift.cli"]
+
+
+def sh(*args: str) -> None:
+    print("$ sparselift " + " ".join(args), flush=True)
+    subprocess.run([*CLI, *args], check=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", nargs="+", default=["tiny", "multihot-26", "criteo-kaggle"])
+    ap.add_argument("--max-rows", type=int, default=200_000)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--from-profile", action="store_true", help="profile → analyze → optimize --profile")
+    ap.add_argument("--quick", action="store_true", help="tiny only, 5 steps, 1 round")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.quick:
+        args.workloads, args.steps, args.rounds = ["tiny"], 5, 1
+    summary = []
+    with tempfile.TemporaryDirectory(prefix="sparselift-speedup-") as tmp:
+        for wl in args.workloads:
+            d = Path(tmp, wl)
+            d.mkdir()
+            ours, rr, out = d / "sparselift.json", d / "round-robin.json", d / "bench.json"
+            cap = ["--max-rows", str(args.max_rows)]
+            if args.from_profile:
+                sh("profile", "--workload", wl, "--nproc", str(args.nproc), *cap, "--out", str(d / "profile"))
+                sh("analyze", str(d / "profile"))
+                sh("optimize", "--profile", str(d / "profile"), "--time-limit", str(args.time_limit), "--out", str(ours))
+            else:
+                sh("optimize", "--workload", wl, *cap, "--world-size", str(args.nproc),
+                   "--time-limit", str(args.time_limit), "--out", str(ours))
+            spec = load_workload(wl).capped(args.max_rows)
+            plans.save(plans.round_robin_table_wise(fingerprints(stats_from_spec(spec)),
+                                                    plan_topology(preset("cpu-gloo", args.nproc))), rr)
+            sh("bench", "--workload", wl, *cap, "--nproc", str(args.nproc), "--steps", str(args.steps),
+               "--rounds", str(args.rounds), "--plan", str(ours), "--plan", str(rr), "--vs", "torchrec",
+               "--json", str(out))
+            res = json.loads(out.read_text())
+            by = {c["label"]: c["median"] for c in res["contenders"]}
+            sl = next(v for k, v in by.items() if "sparselift" in k)
+            tr = next(v for k, v in by.items() if "torchrec" in k)
+            rrv = next(v for k, v in by.items() if "round-robin" in k)
+            summary.append(dict(workload=wl, sparselift=sl, torchrec=tr, round_robin=rrv,
+                                vs_torchrec=sl / tr, vs_round_robin=sl / rrv))
+    print(f"\n{'workload':14s} {'SparseLift':>11s} {'TorchRec':>9s} {'round-robin':>11s} {'×TorchRec':>10s} "
+          f"{'×round-robin':>12s}   (steps/s, {args.nproc} ranks)")
+    for s in summary:
+        print(f"{s['workload']:14s} {s['sparselift']:11.2f} {s['torchrec']:9.2f} {s['round_robin']:11.2f} "
+              f"{s['vs_torchrec']:10.3f} {s['vs_round_robin']:12.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
