@@ -36,6 +36,7 @@ def register(sub) -> None:
     p.add_argument("dir", metavar="DIR", help="profile directory (from `sparselift profile`)")
     p.add_argument("--out", default=None, metavar="OUT", help="output directory (default: DIR)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the parsed-trace cache")
+    p.add_argument("--html", default=None, metavar="REPORT", help="also write a self-contained HTML report")
     p.set_defaults(run=run_analyze)
 
 
@@ -94,4 +95,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     print("calibration: " + ", ".join(f"{k} a={v.a_s * 1e3:.3f}ms b={v.b_s:.3g}/{v.x} r2={v.r2:.2f} n={v.n}"
                                        for k, v in cal.ops.items()) + f"; dense_step {cal.dense_step_s * 1e3:.2f} ms")
     print(f"wrote {', '.join(OUTPUTS)} to {out}")
+    if args.html:
+        from sparselift.analysis.report import write_report
+        from sparselift.analysis.views import open_profile, profile_sections
+
+        write_report(args.html, f"SparseLift profile: {args.dir}", profile_sections(open_profile(args.dir, a)))
+        print(f"wrote {args.html}")
     return 0

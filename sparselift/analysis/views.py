@@ -32,13 +32,14 @@ class ProfileView:
         return self.analysis.summary
 
 
-def open_profile(path: str | Path) -> ProfileView:
-    """Read a profile directory and analyze it (traces are parsed once and cached beside it)."""
+def open_profile(path: str | Path, analysis: Any = None) -> ProfileView:
+    """Read a profile directory and analyze it unless given its analysis (traces parse once, cached)."""
     from sparselift.analysis.commands import analyze
 
     path = Path(path)
     return ProfileView(path=path, manifest=json.loads((path / "manifest.json").read_text()),
-                       access=pd.read_parquet(path / "access_stats.parquet"), analysis=analyze(path))
+                       access=pd.read_parquet(path / "access_stats.parquet"),
+                       analysis=analysis if analysis is not None else analyze(path))
 
 
 def table_overview(access: pd.DataFrame) -> pd.DataFrame:
