@@ -96,6 +96,25 @@ def test_never_worse_than_torchrec_under_own_model(device, world):
     assert res.cost.step_time_s <= res.baseline_cost.step_time_s * (1 + 1e-9)
 
 
+def test_a_gain_below_min_gain_keeps_torchrecs_plan():
+    from sparselift.optimizer.planio import choices_from_plan
+    from sparselift.optimizer.stats import stats_from_spec
+    from sparselift.optimizer.torchrec_baseline import torchrec_plan
+    from sparselift.workloads.spec import load_workload
+
+    spec = load_workload("tiny")
+    stats, topo = stats_from_spec(spec), preset("h100x8", 16)
+    base = torchrec_plan(stats, topo, spec.batch_size)
+    inputs = Inputs(stats, topo, spec.batch_size, coefficients(topo))
+    free = optimize(inputs, time_limit_s=10, baseline=base)
+    gain = free.baseline_cost.step_time_s / free.cost.step_time_s - 1
+    assert gain > 0 and not free.kept_baseline  # the model finds something better…
+    kept = optimize(inputs, time_limit_s=10, baseline=base, min_gain=gain + 0.01)
+    assert kept.kept_baseline and "torchrec plan kept" in kept.plan.solver["status"]  # …not enough to switch
+    assert choices_from_plan(kept.plan, topo)[0] == choices_from_plan(base, topo)[0]
+    assert kept.cost.step_time_s == pytest.approx(free.baseline_cost.step_time_s)
+
+
 def test_cpu_does_not_pick_options_that_do_not_pay():
     topo = preset("cpu-gloo", 2)
     inp = Inputs(TABLES, topo, 128, coefficients(topo))

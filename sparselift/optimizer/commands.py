@@ -27,6 +27,10 @@ def register(sub) -> None:
     p.add_argument("--mode", choices=("auto", "exact", "decomposed"), default="auto")
     p.add_argument("--baseline-timeout", type=float, default=120.0, help="seconds TorchRec's planner may take")
     p.add_argument("--no-baseline", action="store_true", help="skip TorchRec's planner (no warm start)")
+    p.add_argument("--min-gain", type=float, default=0.05,
+                   help="keep TorchRec's plan unless ours is predicted this much faster (default 0.05 = 5%%)")
+    p.add_argument("--baseline-out", default=None, metavar="FILE",
+                   help="also write TorchRec's plan for the same inputs (pooling factors, topology)")
     p.add_argument("--out", required=True, help="plan file to write")
     p.set_defaults(run=run_optimize)
 
@@ -83,9 +87,13 @@ def run_optimize(args: argparse.Namespace) -> int:
         baseline, secs, status = torchrec_plan_timed(inp.stats, topo, inp.batch_size, args.baseline_timeout)
         print(f"TorchRec's planner: {status} in {secs:.1f} s" + ("" if baseline else " (no warm start)"))
     print("solving (CP-SAT):")
+    if args.min_gain < 0:
+        raise UserError(f"--min-gain must be >= 0, got {args.min_gain}")
     res = optimize(inp, time_limit_s=args.time_limit, seed=args.seed, workers=args.workers, mode=args.mode,
-                   baseline=baseline, progress=lambda line: print(line, flush=True))
+                   baseline=baseline, progress=lambda line: print(line, flush=True), min_gain=args.min_gain)
     plans.save(res.plan, args.out)
+    if args.baseline_out and baseline is not None:
+        plans.save(baseline, args.baseline_out)
     s = res.plan.solver
     ours = res.cost.step_time_s
     print(f"\n{'plan':24s} {'step (pred.)':>14s}")
@@ -102,7 +110,9 @@ def run_optimize(args: argparse.Namespace) -> int:
     print(f"{mem} per rank (usable {cap / 2**30:.1f} GiB): " + ", ".join(
         f"{r['rank']}: {r['memory_bytes'] / 2**20:.1f} MiB" for r in res.cost.per_rank[:16])
         + (" …" if topo.world_size > 16 else ""))
-    print(f"wrote {args.out}")
+    if res.kept_baseline:
+        print(f"kept TorchRec's plan: ours was not predicted at least {args.min_gain:.0%} faster")
+    print(f"wrote {args.out}" + (f" and {args.baseline_out}" if args.baseline_out and baseline is not None else ""))
     sys.stdout.flush()
     return 0
 

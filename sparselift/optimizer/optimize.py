@@ -92,7 +92,13 @@ def _gib(b: float) -> str:
 
 
 def optimize(inp: Inputs, *, time_limit_s: float = 30.0, seed: int = 0, workers: int = 1, mode: str = "auto",
-             baseline: plans.Plan | None = None, progress: Callable[[str], None] | None = None) -> Result:
+             baseline: plans.Plan | None = None, progress: Callable[[str], None] | None = None,
+             min_gain: float = 0.0) -> Result:
+    """Solve, then keep the baseline (TorchRec's plan) unless ours is predicted faster by `min_gain`.
+
+    `min_gain` is the share by which a new plan must beat the baseline under the model to be worth
+    the change: below the model's own prediction error, a "better" plan is a coin toss.
+    """
     if not inp.stats:
         raise UserError("the workload has no tables")
     model = CostModel(inp.topo, inp.batch_size, inp.coeffs)
@@ -110,8 +116,10 @@ def optimize(inp: Inputs, *, time_limit_s: float = 30.0, seed: int = 0, workers:
     choices = sol.choices
     cost = model.evaluate(by_name, choices, g)
     kept = False
-    if base_cost is not None and base_cost.step_time_s < cost.step_time_s and _fits(inp.topo, base_cost):
-        # a decomposed or timed-out solve can land above the warm start: never hand back worse
+    if (base_cost is not None and base_cost.step_time_s < cost.step_time_s * (1.0 + min_gain)
+            and _fits(inp.topo, base_cost)):
+        # a decomposed or timed-out solve can land above the warm start: never hand back worse;
+        # and a gain smaller than the model can resolve is not worth a new plan
         choices, g, cost, kept = hint, base_cost.globals, base_cost, True
     gap = max(0.0, (cost.step_time_s - sol.bound_s) / cost.step_time_s) if cost.step_time_s > 0 else 0.0
     solver_rec = {"name": f"cp-sat ({sol.mode})", "status": sol.status + (" (torchrec plan kept)" if kept else ""),
