@@ -40,14 +40,14 @@ def register(sub) -> None:
     p.set_defaults(run=run_analyze)
 
 
-def analyze(path: str | Path, cache: bool = True) -> Analysis:
+def analyze(path: str | Path, cache: bool = True, progress=None) -> Analysis:
     """Profile directory → Analysis (raises UserError on bad input)."""
     from sparselift.analysis.calibration import calibrate
     from sparselift.analysis.profile import load_profile
     from sparselift.analysis.reconstruct import build_graph
     from sparselift.analysis.summary import critical_path, summarize
 
-    prof = load_profile(path, cache=cache)
+    prof = load_profile(path, cache=cache, progress=progress)
     graph = build_graph(prof.traces, prof.plan_tables)
     sparse = graph.nodes["stage"].isin(("input_dist", "lookup", "output_dist"))
     for r, tr in enumerate(prof.traces):
@@ -83,7 +83,9 @@ def write_outputs(a: Analysis, out: Path) -> None:
 def run_analyze(args: argparse.Namespace) -> int:
     from sparselift.analysis.summary import format_summary
 
-    a = analyze(args.dir, cache=not args.no_cache)
+    import sys
+
+    a = analyze(args.dir, cache=not args.no_cache, progress=lambda line: print(line, file=sys.stderr, flush=True))
     out = Path(args.out or args.dir)
     write_outputs(a, out)
     print(format_summary(a.summary, a.critical_path))

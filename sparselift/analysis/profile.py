@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -76,7 +76,8 @@ def plan_tables(manifest: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["table", "module", "sharding_type", "rank", "rows", "cols"])
 
 
-def load_profile(path: str | Path, cache: bool = True) -> Profile:
+def load_profile(path: str | Path, cache: bool = True,
+                 progress: Callable[[str], None] | None = None) -> Profile:
     """Read and cross-check a profile directory; raises UserError naming the first bad file."""
     d = Path(path)
     if not d.is_dir():
@@ -86,6 +87,9 @@ def load_profile(path: str | Path, cache: bool = True) -> Profile:
     traces = []
     for r in range(world):
         p = trace_path(d, r, m)
+        if progress is not None:
+            size = p.stat().st_size / 2**20 if p.is_file() else 0.0
+            progress(f"parsing trace {r + 1}/{world}: {p.name} ({size:.1f} MiB)")
         tr = load_trace(p, cache=cache)
         if tr.rank is not None and tr.rank != r:
             raise UserError(f"{p}: is rank {tr.rank}'s trace, expected rank {r} (files from different runs mixed?)")

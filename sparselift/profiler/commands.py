@@ -43,7 +43,7 @@ def run_profile(args: argparse.Namespace) -> int:
             for f in out.glob(pattern):
                 if f.is_file():
                     f.unlink()
-    cfg = config_from_args(args, plan=args.plan, hook=HOOK, hook_args=dict(
+    cfg = config_from_args(args, plan=args.plan, hook=HOOK, progress=True, hook_args=dict(
         out_dir=str(out.resolve()), warmup=args.warmup, steps=args.steps,
         execution_trace=args.execution_trace, command=command_line(args)))
     cfg.steps = args.steps + args.after

@@ -42,7 +42,7 @@ def run_train(args: argparse.Namespace) -> int:
     from sparselift.atomic import write_json
     from sparselift.workloads.harness import run_training
 
-    result = run_training(config_from_args(args, plan=args.plan))
+    result = run_training(config_from_args(args, plan=args.plan, progress=True))
     print(result.summary())
     if args.json:
         write_json(args.json, result.to_json())

@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     hook: str | None = None  # "module:factory" called with a RankContext on every rank
     hook_args: dict[str, Any] = field(default_factory=dict)
+    progress: bool = False  # rank 0 reports steps on stderr as they finish
 
     def validate(self) -> WorkloadSpec:
         """Check everything that can be checked before ranks start; return the workload."""
@@ -237,7 +239,9 @@ def train_rank(cfg: TrainConfig) -> RankResult:
     batches = batches_for_rank(cfg, spec, rank, world)
 
     times = []
-    for step in range(cfg.warmup + cfg.steps):
+    total = cfg.warmup + cfg.steps
+    every = max(1, total // 10)
+    for step in range(total):
         if hook:
             hook.step_begin(step)
         t0 = time.perf_counter()
@@ -247,6 +251,9 @@ def train_rank(cfg: TrainConfig) -> RankResult:
         times.append(time.perf_counter() - t0)
         if hook:
             hook.step_end(step)
+        if cfg.progress and rank == 0 and ((step + 1) % every == 0 or step + 1 == total):
+            phase = "warm-up" if step < cfg.warmup else "measured"
+            print(f"  step {step + 1}/{total} ({phase}) {times[-1] * 1e3:.1f} ms", file=sys.stderr, flush=True)
     extra = hook.finish() if hook else {}
     dist.barrier()
     return RankResult(rank=rank, step_times_s=times, peak_memory_bytes=peak_memory_bytes(device),
