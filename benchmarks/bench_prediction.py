@@ -7,7 +7,9 @@ one, predict the others' step times, print predicted vs measured and the error (
 Plans (sparselift plan files): all table-wise (round robin), all row-wise, and mixed (row-wise for
 the largest tables, column-wise for the next ones, table-wise for the rest). Measured step time is
 the profiled one (fastest step, slowest rank's ProfilerStep: robust on a shared host), the quantity
-the trace calibrates; the median is printed too. The predictor is `sparselift.analysis.predict` (unify with optimizer/cost_model.py).
+the trace calibrates; the median is printed too. The predictor is the optimizer's own cost model
+(`sparselift.optimizer.cost_model.predict_plan`, what the CP-SAT solver minimizes), so this validates
+the model plans are chosen by.
 """
 
 from __future__ import annotations
@@ -94,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from sparselift import plans as splans
     from sparselift.analysis.commands import analyze
-    from sparselift.analysis.predict import predict
+    from sparselift.optimizer.cost_model import predict_plan
+    from sparselift.optimizer.stats import stats_from_profile
+    from sparselift.optimizer.topology import preset
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="sparselift-bench-pred-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -105,14 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.reuse and (work / name / "manifest.json").is_file()):
             profile(pp, work / name, args.workload, args.nproc, args.steps, args.warmup, args.max_rows)
         results[name] = (plan, analyze(work / name))
-    cal = results[args.calibrate_on][1].calibration
+    cal = results[args.calibrate_on][1].calibration.to_dict()
+    topo = preset("cpu-gloo", args.nproc, args.nproc)
     print(f"{args.workload} (max_rows {args.max_rows}), {args.nproc} ranks, {args.steps} profiled steps; "
           f"calibrated on {args.calibrate_on}")
     print(f"{'plan':<12} {'measured ms':>12} {'predicted ms':>13} {'error':>8} {'median ms':>10}")
     errors = {}
     for name, (plan, a) in results.items():
-        prof_stats = __import__("pandas").read_parquet(work / name / "access_stats.parquet")
-        pred = predict(cal, plan, prof_stats).step_time_s
+        stats, batch = stats_from_profile(work / name)
+        pred = predict_plan(plan, stats, cal, topo, batch).step_time_s
         meas = measured_step_s(a)
         errors[name] = (pred - meas) / meas
         tag = " (calibration)" if name == args.calibrate_on else ""

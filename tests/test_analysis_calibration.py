@@ -3,14 +3,15 @@
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from sparselift import plans
 from sparselift.analysis.calibration import FORMAT, UNITS, fit_line, load_calibration
 from sparselift.analysis.commands import analyze, write_outputs
-from sparselift.analysis.predict import predict
 from sparselift.errors import UserError
+from sparselift.optimizer.cost_model import predict_plan
+from sparselift.optimizer.stats import stats_from_profile
+from sparselift.optimizer.topology import preset
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -21,9 +22,11 @@ def analyses():
 
 
 def _error(analyses, cal_on, target):
-    cal = analyses[cal_on].calibration
-    stats = pd.read_parquet(FIX / f"profile_tiny_{target}" / "access_stats.parquet")
-    pred = predict(cal, plans.load(FIX / f"tiny_{target}.plan.json"), stats).step_time_s
+    """Held-out error of the optimizer's cost model (what the solver minimizes), calibrated on `cal_on`."""
+    cal = analyses[cal_on].calibration.to_dict()
+    stats, batch = stats_from_profile(FIX / f"profile_tiny_{target}")
+    pred = predict_plan(plans.load(FIX / f"tiny_{target}.plan.json"), stats, cal, preset("cpu-gloo", 2, 2),
+                        batch).step_time_s
     meas = analyses[target].steps.groupby("step")["dur_s"].max().min()
     return (pred - meas) / meas
 
@@ -56,10 +59,12 @@ def test_predicts_its_own_plan(analyses):
 
 
 def test_predicts_held_out_plan_roughly(analyses):
-    """Smoke bound: on a shared 2-core host with 3 profiled steps the error measured ~23-26%."""
+    """Smoke bound: on a shared 2-core host with 3 profiled steps the error measured ~25%."""
     assert abs(_error(analyses, "table_wise", "row_wise")) < 0.5
 
 
-@pytest.mark.xfail(strict=False, reason="10% target not yet met on the tiny CPU fixtures (~23%); see report")
+@pytest.mark.xfail(strict=False, reason="10% target not met on the tiny CPU fixtures: per-call calibration + the optimizer's "
+                   "predict_plan measured table_wise→row_wise -24.5%, row_wise→table_wise +30.8% (gloo runs "
+                   "row-wise reduce-scatter as an all-reduce, unseen in a table-wise profile)")
 def test_predicts_held_out_plan_within_target(analyses):
     assert abs(_error(analyses, "table_wise", "row_wise")) < 0.10

@@ -32,17 +32,16 @@ DIST = ("input_dist", "output_dist_fwd", "output_dist_bwd")
 @dataclass
 class OpFit:
     x: str
-    a_s: float
-    b_s: float
+    a_s: float  # fixed cost PER CALL: one sharding-type group's TBE kernel, or its distribution
+    b_s: float  # seconds per unit of x
     r2: float
-    n: int
-    overlap: float = 0.0
-    groups: float = 1.0  # calls per rank and step it was fitted on (sharding-type groups)
+    n: int  # calls fitted on
+    overlap: float = 0.0  # share of the collectives' transfer hidden behind other work (informative)
+    calls: float = 1.0  # calls per rank and step in the profile (sharding-type groups)
 
-    def cost(self, x: float, groups: float | None = None) -> float:
-        """Modelled duration, exposed part only (after overlap)."""
-        a = self.a_s * ((groups / self.groups) if groups is not None and self.groups else 1.0)
-        return max(0.0, a + self.b_s * x) * (1.0 - self.overlap)
+    def cost(self, x: float, calls: float = 1.0) -> float:
+        """Exposed duration of `calls` calls that handle x in all (the fit is on exposed time)."""
+        return max(0.0, self.a_s * calls + self.b_s * x)
 
 
 @dataclass
@@ -75,7 +74,8 @@ def load_calibration(path: str | Path) -> Calibration:
     if d.get("version") != VERSION:
         raise UserError(f"{p}: version {d.get('version')!r} not supported (expected {VERSION})")
     try:
-        ops = {k: OpFit(**v) for k, v in d["ops"].items()}
+        known = {f.name for f in dataclasses.fields(OpFit)}
+        ops = {k: OpFit(**{f: x for f, x in v.items() if f in known}) for k, v in d["ops"].items()}
         return Calibration(device=d["device"], backend=d.get("backend"), world_size=int(d["world_size"]),
                            batch_size=d.get("batch_size"), ops=ops, dense_step_s=float(d["dense_step_s"]),
                            provenance=d.get("provenance") or {})
@@ -101,67 +101,136 @@ def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return a, b, r2
 
 
-def samples(nodes: pd.DataFrame) -> pd.DataFrame:
-    """One sample per (rank, step, kind[, sharding for lookups]): y, x, overlap inputs."""
-    n = nodes.copy()
+def _sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
+    """Bytes a collective sends off the rank, from its tensor size: an all-to-all or all-reduce
+    (gloo's reduce-scatter) keeps the rank's own chunk, an all-gather sends its input to every peer."""
+    w = max(world_size, 1)
+    gather = coll["coll_op"].fillna("").str.contains("gather")
+    return coll["bytes"].astype(float) * np.where(gather, w - 1, (w - 1) / w)
+
+
+def call_samples(nodes: pd.DataFrame, world_size: int) -> pd.DataFrame:
+    """One sample per call: (rank, step, kind, group) with the call's x and exposed main-thread time y.
+
+    A call is one sharding-type group's TBE kernel (lookups: y = its compute, x = ids·dim) or its
+    distribution (input_dist: splits + lengths + values all-to-alls and permutes; output_dist: the
+    pooled collective): y = compute + wait on the main thread, x = bytes its collectives send.
+    Module-wide work outside any group (sharding "*") is spread over the step's groups.
+    `transfer` is the collectives' transfer time (for the overlap share).
+    """
+    n = nodes[nodes["kind"].isin(("lookup_fwd", "lookup_bwd", *DIST))].copy()
     n["sharding"] = n["sharding"].fillna("*")
+    n["sent"] = 0.0
+    coll = n["part"] == "collective"
+    n.loc[coll, "sent"] = _sent_bytes(n[coll], world_size)
     rows = []
-    for (rank, step), g in n.groupby(["rank", "step"]):
-        for kind in ("lookup_fwd", "lookup_bwd"):
-            k = g[(g["kind"] == kind) & (g["part"] != "collective")]
-            for sh, s in k.groupby("sharding"):
-                rows.append(dict(rank=rank, step=step, kind=kind, group=sh, x=s["x"].sum(),
-                                 y=s["dur_s"].sum(), comm=0.0, wait=0.0, compute=s["dur_s"].sum()))
-        for kind in (*DIST, "dp_allreduce"):
-            k = g[g["kind"] == kind]
-            if k.empty:
-                continue
-            coll = k[k["part"] == "collective"]
-            comp = k[k["part"] == "compute"]["dur_s"].sum()
-            wait = k[k["part"] == "wait"]["dur_s"].sum()
-            transfer = coll["transfer_s"].fillna(coll["dur_s"]).sum()
-            groups = max(1, k[k["sharding"] != "*"]["sharding"].nunique())
-            rows.append(dict(rank=rank, step=step, kind=kind, group=groups, x=coll["bytes"].sum(),
-                             y=comp + transfer, comm=transfer, wait=min(wait, transfer), compute=comp))
-    return pd.DataFrame(rows, columns=["rank", "step", "kind", "group", "x", "y", "comm", "wait", "compute"])
+    for (rank, step, kind), g in n.groupby(["rank", "step", "kind"]):
+        main = g[g["part"] != "collective"]
+        shared = main[main["sharding"] == "*"]["dur_s"].sum()
+        groups = [s for s in g["sharding"].unique() if s != "*"] or ["*"]
+        for sh in groups:
+            s = g[g["sharding"] == sh]
+            m = s[s["part"] != "collective"]
+            c = s[s["part"] == "collective"]
+            y = m["dur_s"].sum() + (shared / len(groups) if sh != "*" else 0.0)
+            x = m["x"].sum() if kind.startswith("lookup") else c["sent"].sum()
+            rows.append(dict(rank=rank, step=step, kind=kind, group=sh, x=float(x), y=float(y),
+                             wait=float(m[m["part"] == "wait"]["dur_s"].sum()),
+                             transfer=float(c["transfer_s"].fillna(c["dur_s"]).sum()), calls=len(groups)))
+    return pd.DataFrame(rows, columns=["rank", "step", "kind", "group", "x", "y", "wait", "transfer", "calls"])
 
 
-def fit_ops(smp: pd.DataFrame) -> dict[str, OpFit]:
+def _fit_calls(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(a, b) through per-call medians: a line where the calls' x differ (two distinct sizes are
+    enough), a ∈ [0, min y], b ≥ 0; through the origin when they do not."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) == 0 or not np.any(x > 0):
+        return (float(y.mean()) if len(y) else 0.0), 0.0
+    if x.max() > 1.2 * x.min() > 0:
+        b1, a1 = np.polyfit(x, y, 1)
+        if b1 > 0:
+            a = float(np.clip(a1, 0.0, y.min()))
+            return a, float(((y - a) * x).sum() / (x * x).sum())
+    return 0.0, float((x * y).sum() / (x * x).sum())
+
+
+def fit_ops(calls: pd.DataFrame, nodes: pd.DataFrame, world_size: int) -> dict[str, OpFit]:
+    """Per op kind: a_s per call, b_s per unit of x.
+
+    Lookups: line through the calls' medians per (rank, group) (different ranks and groups look up
+    different ids·dim). Distributions: the slope is the collectives' per-byte transfer cost, fitted over
+    the individual collective calls (splits, lengths and values all-to-alls differ by orders of
+    magnitude in size, so intercept and slope are both identifiable; pooled over all collectives when
+    one kind alone has no spread); the per-call cost a_s is the median over calls of the exposed time
+    less that slope's share, taken for each call on the rank that waited least (the last to arrive:
+    it did not wait for a slow peer).
+    """
+    coll = nodes[nodes["part"] == "collective"].copy()
+    coll["sent"] = _sent_bytes(coll, world_size)
+    coll["t"] = coll["transfer_s"].fillna(coll["dur_s"])
+
+    def slope(kinds: tuple[str, ...]) -> float | None:
+        c = coll[coll["kind"].isin(kinds)]
+        x = c["sent"].values
+        if len(np.unique(np.round(x, -1))) < 3 or not np.any(x > 0):
+            return None
+        b1, a1 = np.polyfit(x, c["t"].values, 1)
+        return max(float(b1), 0.0)
+
+    pooled = slope(DIST)
     ops = {}
-    for kind, s in smp.groupby("kind"):
-        a, b, r2 = fit_line(s["x"].values, s["y"].values)
-        tot = (s["compute"] + s["comm"]).sum()
-        overlap = 0.0 if kind.startswith("lookup") or tot <= 0 else \
-            float(np.clip(1 - (s["compute"] + s["wait"]).sum() / tot, 0.0, 1.0))
-        groups = 1.0 if kind.startswith("lookup") else float(s["group"].mean())
-        ops[kind] = OpFit(x=UNITS.get(kind, "x"), a_s=a, b_s=b, r2=r2, n=int(len(s)), overlap=overlap, groups=groups)
+    for kind, s in calls.groupby("kind"):
+        if kind.startswith("lookup"):
+            med = s.groupby(["rank", "group"])[["x", "y"]].median()
+            a, b = _fit_calls(med["x"].values, med["y"].values)
+        else:
+            b = slope((kind,))
+            b = pooled if b is None else b
+            b = 0.0 if b is None else b
+            # per (step, group): the rank that waited least
+            least = s.loc[s.groupby(["step", "group"])["wait"].idxmin()]
+            a = float(max(0.0, np.median(least["y"] - b * least["x"])))
+        pred = a + b * s["x"]
+        ss = float(((s["y"] - s["y"].mean()) ** 2).sum())
+        r2 = float(1 - ((s["y"] - pred) ** 2).sum() / ss) if ss > 0 else 1.0
+        tr = s["transfer"].sum()
+        overlap = 0.0 if kind.startswith("lookup") or tr <= 0 else float(np.clip(1 - s["wait"].sum() / tr, 0, 1))
+        ops[kind] = OpFit(x=UNITS.get(kind, "x"), a_s=a, b_s=float(b), r2=r2, n=int(len(s)), overlap=overlap,
+                          calls=float(s.groupby(["rank", "step"])["calls"].first().mean()))
     return ops
 
 
-def sparse_cost(smp: pd.DataFrame, ops: dict[str, OpFit]) -> pd.DataFrame:
-    """Modelled sparse-path time per rank and step, from the measured x (dp_allreduce stays dense)."""
-    s = smp[smp["kind"] != "dp_allreduce"].copy()
-    s["cost"] = [ops[k].cost(x) for k, x in zip(s["kind"], s["x"])]
-    return s.groupby(["rank", "step"])["cost"].sum().reset_index()
+def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit]) -> pd.Series:
+    """Modelled sparse-path time per step as the optimizer's cost model composes it: per kind, the
+    per-call costs of the groups present plus the slowest rank's per-unit work."""
+    per = calls.groupby(["step", "kind", "rank"]).agg(x=("x", "sum"), n=("group", "count")).reset_index()
+    per["cost"] = [ops[k].cost(x, n) for k, x, n in zip(per["kind"], per["x"], per["n"])]
+    return per.groupby(["step", "kind"])["cost"].max().groupby("step").sum()
 
 
 def calibrate(nodes: pd.DataFrame, steps: pd.DataFrame, manifest: dict[str, Any], profile: str) -> Calibration:
     """Fit every op kind present; dense_step_s closes the measured step time."""
-    smp = samples(nodes)
-    if smp.empty:
+    world = int(manifest["world_size"])
+    calls = call_samples(nodes, world)
+    if calls.empty:
         raise UserError(f"{profile}: no sparse-path samples to calibrate on")
-    ops = fit_ops(smp)
-    cost = sparse_cost(smp, ops)
-    per = steps.merge(cost, on=["rank", "step"], how="left").fillna({"cost": 0.0})
-    by_step = per.groupby("step").agg(step_s=("dur_s", "max"), sparse=("cost", "max"))
+    ops = fit_ops(calls, nodes, world)
+    dp = nodes[(nodes["kind"] == "dp_allreduce") & (nodes["part"] == "collective")]
+    if not dp.empty:  # data-parallel gradients: per-byte transfer of the allreduce (dense module's too)
+        t = dp["transfer_s"].fillna(dp["dur_s"])
+        b = float(t.sum() / max(dp["bytes"].sum(), 1))
+        ops["dp_allreduce"] = OpFit(x=UNITS["dp_allreduce"], a_s=0.0, b_s=b, r2=0.0, n=int(len(dp)), overlap=0.0)
+    by_step = steps.groupby("step")["dur_s"].max().to_frame("step_s")
+    by_step["sparse"] = sparse_cost(calls, ops)
+    by_step["sparse"] = by_step["sparse"].fillna(0.0)
     # the least-disturbed step: on a shared host, other processes only ever add time
     best = by_step["step_s"].idxmin()
     dense = float(by_step.at[best, "step_s"] - by_step.at[best, "sparse"])
     prov = {"profile": str(profile), "created_unix": time.time(),
             "manifest": {k: manifest.get(k) for k in ("versions", "workload", "world_size", "device", "backend",
                                                         "batch_size", "pipeline", "profiled_steps")},
-            "samples": int(len(smp)), "step_time_s_median": float(by_step["step_s"].median()),
+            "samples": int(len(calls)), "step_time_s_median": float(by_step["step_s"].median()),
             "step_time_s_min": float(by_step["step_s"].min())}
     return Calibration(device=manifest.get("device") or "cpu", backend=manifest.get("backend"),
-                       world_size=int(manifest["world_size"]), batch_size=manifest.get("batch_size"), ops=ops,
+                       world_size=world, batch_size=manifest.get("batch_size"), ops=ops,
                        dense_step_s=max(dense, 0.0), provenance=prov)
