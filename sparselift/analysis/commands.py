@@ -83,9 +83,7 @@ def write_outputs(a: Analysis, out: Path) -> None:
 def run_analyze(args: argparse.Namespace) -> int:
     from sparselift.analysis.summary import format_summary
 
-    import sys
-
-    a = analyze(args.dir, cache=not args.no_cache, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    a = analyze(args.dir, cache=not args.no_cache, progress=lambda line: print(line, flush=True))
     out = Path(args.out or args.dir)
     write_outputs(a, out)
     print(format_summary(a.summary, a.critical_path))

@@ -15,7 +15,6 @@ import json
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -253,7 +252,7 @@ def train_rank(cfg: TrainConfig) -> RankResult:
             hook.step_end(step)
         if cfg.progress and rank == 0 and ((step + 1) % every == 0 or step + 1 == total):
             phase = "warm-up" if step < cfg.warmup else "measured"
-            print(f"  step {step + 1}/{total} ({phase}) {times[-1] * 1e3:.1f} ms", file=sys.stderr, flush=True)
+            print(f"  step {step + 1}/{total} ({phase}) {times[-1] * 1e3:.1f} ms", flush=True)
     extra = hook.finish() if hook else {}
     dist.barrier()
     return RankResult(rank=rank, step_times_s=times, peak_memory_bytes=peak_memory_bytes(device),
