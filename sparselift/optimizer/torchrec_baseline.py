@@ -12,12 +12,9 @@
 from __future__ import annotations
 
 import copy
-import logging
 import multiprocessing as mp
 import time
-import warnings
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -25,23 +22,9 @@ from sparselift import plans
 from sparselift.optimizer.planio import fingerprints, plan_topology
 from sparselift.optimizer.stats import TableStats
 from sparselift.optimizer.topology import Topology
+from sparselift.plans.baselines import quiet_torchrec as quiet
 
 MODULE = "ebc"
-
-
-@contextmanager
-def quiet() -> Iterator[None]:
-    loggers = [logging.getLogger(), logging.getLogger("torchrec")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, lv in zip(loggers, levels):
-            lg.setLevel(lv)
 
 
 def tr_topology(topo: Topology):

@@ -69,7 +69,7 @@ def torchrec_plan(model: Any, topology: PlanTopology, batch_size: int, sharders:
 
     preset = DEVICE_PRESETS.get(topology.preset or topology.device, {})
     extra = {k: preset[k] for k in ("hbm_cap", "ddr_cap") if k in preset}
-    with _quiet_torchrec():
+    with quiet_torchrec():
         planner = EmbeddingShardingPlanner(
             topology=Topology(world_size=topology.world_size, compute_device=topology.device,
                               local_world_size=topology.local_world_size, **extra),
@@ -83,7 +83,7 @@ def torchrec_plan(model: Any, topology: PlanTopology, batch_size: int, sharders:
 
 
 @contextmanager
-def _quiet_torchrec() -> Iterator[None]:
+def quiet_torchrec() -> Iterator[None]:
     """TorchRec's planner logs warnings to the root logger for every data-parallel table; mute them."""
     loggers = [logging.getLogger(), logging.getLogger("torchrec")]
     levels = [lg.level for lg in loggers]
