@@ -8,7 +8,6 @@ stream, and a gpu_memcpy with `bytes`.
 
 from pathlib import Path
 
-import pandas as pd
 
 from sparselift.analysis.reconstruct import rank_nodes
 from sparselift.analysis.trace import load_trace, parse_trace

@@ -10,7 +10,7 @@ from sparselift import plans
 from sparselift.optimizer.calibration import Linear, coefficients
 from sparselift.optimizer.cost_model import CostModel, predict_plan
 from sparselift.optimizer.planio import fingerprints, plan_topology
-from sparselift.optimizer.space import CW, TW, Choice, OptionClass, enumerate_classes
+from sparselift.optimizer.space import CW, TW, OptionClass, enumerate_classes
 from sparselift.optimizer.stats import TableStats, zipf_share
 from sparselift.optimizer.topology import preset
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparselift import plans
-from sparselift.plans import PlanError, PlanTopology, Shard, TablePlan
+from sparselift.plans import PlanError
 from plans_helpers import big_plan, doc, mixed, round_robin, tiny_tables, write
 
 

@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 # One rank of a user's own trainer: DMP model, TorchRec pipeline, ProfileSession around the loop.
 TRAINER = textwrap.dedent("""

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sparselift.errors import UserError
+from sparselift.jsonfile import read_versioned
 
 FORMAT = "sparselift-calibration"
 VERSION = 1
@@ -62,17 +63,8 @@ class Calibration:
 
 def load_calibration(path: str | Path) -> Calibration:
     """Read calibration.json (the optimizer's entry point); UserError naming the file when bad."""
-    import json
-
     p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{p}: cannot read calibration ({e.__class__.__name__})") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise UserError(f"{p}: format is not {FORMAT!r}")
-    if d.get("version") != VERSION:
-        raise UserError(f"{p}: version {d.get('version')!r} not supported (expected {VERSION})")
+    d = read_versioned(p, FORMAT, VERSION, "calibration file")
     try:
         known = {f.name for f in dataclasses.fields(OpFit)}
         ops = {k: OpFit(**{f: x for f, x in v.items() if f in known}) for k, v in d["ops"].items()}

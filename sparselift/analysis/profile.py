@@ -7,7 +7,6 @@ naming the file.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -17,6 +16,7 @@ import pandas as pd
 from sparselift.analysis import names
 from sparselift.analysis.trace import Trace, load_trace
 from sparselift.errors import UserError
+from sparselift.jsonfile import read_json
 
 PROFILE_FORMAT = "sparselift-profile"
 
@@ -38,10 +38,7 @@ def read_manifest(d: Path) -> dict[str, Any]:
     p = d / "manifest.json"
     if not p.is_file():
         raise UserError(f"{p}: missing (not a sparselift profile directory)")
-    try:
-        m = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{p}: not valid JSON ({e})") from None
+    m = read_json(p, "profile manifest")
     if not isinstance(m, dict) or m.get("format") != PROFILE_FORMAT:
         raise UserError(f"{p}: format is not {PROFILE_FORMAT!r}")
     if not isinstance(m.get("world_size"), int) or m["world_size"] < 1:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -9,12 +9,12 @@ by op kind only to a topology of the same device kind.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sparselift.errors import UserError
+from sparselift.jsonfile import read_versioned
 from sparselift.optimizer.topology import Topology
 
 FORMAT = "sparselift-calibration"
@@ -75,16 +75,9 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
 def load_calibration(path: str | Path) -> dict[str, Any]:
     """Read and check calibration.json; UserError names the file."""
     where = str(path)
-    try:
-        d = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"{where}: not found") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{where}: malformed JSON at line {e.lineno}: {e.msg}") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT or not isinstance(d.get("ops"), dict):
-        raise UserError(f"{where}: not a calibration file (expected \"format\": \"{FORMAT}\" with \"ops\")")
-    if d.get("version") != 1:
-        raise UserError(f"{where}: unsupported calibration version {d.get('version')!r}")
+    d = read_versioned(path, FORMAT, 1, "calibration file")
+    if not isinstance(d.get("ops"), dict):
+        raise UserError(f"{where}: a calibration file needs \"ops\"")
     for kind, op in d["ops"].items():
         if not isinstance(op, dict) or not all(isinstance(op.get(k), (int, float)) for k in ("a_s", "b_s")):
             raise UserError(f"{where}: op {kind!r} needs numeric a_s and b_s")

@@ -35,10 +35,9 @@ that solve may not repeat exactly).
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 from ortools.sat.python import cp_model

@@ -9,13 +9,13 @@ compute rates elements/s; everything the cost model needs beyond the calibration
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sparselift.errors import UserError
+from sparselift.jsonfile import read_versioned
 
 FORMAT = "sparselift-topology"
 VERSION = 1
@@ -134,16 +134,7 @@ def preset(name: str, world_size: int, local_world_size: int | None = None) -> T
 def load_topology(path: str | Path) -> Topology:
     """Read a topology file; optional `base` names a preset whose values the file overrides."""
     where = str(path)
-    try:
-        d = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"{where}: topology file not found") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{where}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise UserError(f"{where}: not a topology file (expected \"format\": \"{FORMAT}\")")
-    if d.get("version") != VERSION:
-        raise UserError(f"{where}: unsupported topology version {d.get('version')!r} (expected {VERSION})")
+    d = read_versioned(path, FORMAT, VERSION, "topology file")
     fields = {f.name: f for f in dataclasses.fields(Topology)}
     unknown = sorted(set(d) - set(fields) - {"format", "version", "base"})
     if unknown:
