@@ -54,9 +54,25 @@ def test_predict_plan_of_round_robin_and_balance():
     assert cost.per_rank[1]["compute_s"] > cost.per_rank[0]["compute_s"]
 
 
-def test_column_shards_split_lookup_work():
+def test_column_shards_split_lookup_work_on_gpu_not_on_cpu():
+    for device, share in (("h100x8", 0.5), ("cpu-gloo", 1.0)):
+        topo = preset(device, 2 if device == "cpu-gloo" else 8)
+        m = CostModel(topo, 64, coefficients(topo))
+        tw, cw = m.terms(T[0], OptionClass(TW, "fused")), m.terms(T[0], OptionClass(CW, "fused", 2))
+        # GPU lookups move ids·dim; FBGEMM's CPU kernels cost per id and per distinct row, whatever the dim
+        assert cw.own[1] == pytest.approx(tw.own[1] * share)  # lookup_fwd per shard
+        assert cw.own[4] == pytest.approx(tw.own[4] * share)  # lookup_bwd per shard
+        assert cw.remote_intra[0] == pytest.approx(tw.remote_intra[0])  # ids go to every shard
+
+
+def test_cpu_backward_is_paid_per_distinct_row():
+    from sparselift.kernels import expected_unique
+
     topo = preset("cpu-gloo", 2)
     m = CostModel(topo, 64, coefficients(topo))
-    tw, cw = m.terms(T[0], OptionClass(TW, "fused")), m.terms(T[0], OptionClass(CW, "fused", 2))
-    assert cw.own[1] == pytest.approx(tw.own[1] / 2)  # lookup_fwd per shard
-    assert cw.remote_intra[0] == pytest.approx(tw.remote_intra[0])  # ids go to every shard
+    hot = TableStats("hot", 100_000, 32, 8.0, zipf_alpha=1.4, feature_names=("hot",))
+    flat = TableStats("flat", 100_000, 32, 8.0, zipf_alpha=0.0, feature_names=("flat",))
+    bwd = [m.terms(t, OptionClass(TW, "fused")).own[4] for t in (hot, flat)]
+    assert bwd[1] > 2 * bwd[0]  # same ids, far more distinct rows
+    ids = 2 * 64 * 8.0
+    assert expected_unique(100_000, 0.0, ids) == pytest.approx(ids, rel=0.01)

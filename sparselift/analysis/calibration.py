@@ -25,7 +25,7 @@ from sparselift.jsonfile import read_versioned
 
 FORMAT = "sparselift-calibration"
 VERSION = 1
-UNITS = {"lookup_fwd": "ids*dim", "lookup_bwd": "ids*dim", "input_dist": "bytes", "output_dist_fwd": "bytes",
+UNITS = {"lookup_fwd": "work", "lookup_bwd": "work", "input_dist": "bytes", "output_dist_fwd": "bytes",
          "output_dist_bwd": "bytes", "dp_allreduce": "bytes"}
 DIST = ("input_dist", "output_dist_fwd", "output_dist_bwd")
 
@@ -101,6 +101,39 @@ def _sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
     return coll["bytes"].astype(float) * np.where(gather, w - 1, (w - 1) / w)
 
 
+def lookup_work(nodes: pd.DataFrame, access: pd.DataFrame | None, plan_tables: pd.DataFrame,
+                device: str, world_size: int) -> pd.Series:
+    """Work units (`sparselift.kernels.lookup_work`) of each lookup node: its ids from the trace, and
+    the distinct rows its tables' shards touch, expected from the profiled ids per table and their
+    fitted Zipf skew (the trace does not say how many ids were distinct)."""
+    from sparselift.kernels import expected_unique, lookup_work as work
+
+    look = nodes[nodes["kind"].isin(("lookup_fwd", "lookup_bwd"))]
+    if access is None or access.empty or device == "cuda":
+        return pd.Series([work(k, device, i, 0.0, x / max(i, 1)) for k, i, x in
+                          zip(look["kind"], look["ids"].fillna(0), look["x"].fillna(0))], index=look.index)
+    per = access.groupby(["table", "rank"])["ids"].mean()
+    total = per.groupby("table").sum()
+    meta = access.groupby("table")[["num_embeddings", "zipf_alpha"]].first()
+    shard = plan_tables.groupby(["table", "rank"]).agg(sharding_type=("sharding_type", "first"), rows=("rows", "sum"))
+    out = []
+    for idx, kind, rank, ids, x, tables in zip(look.index, look["kind"], look["rank"], look["ids"].fillna(0),
+                                               look["x"].fillna(0), look["tables"].fillna("")):
+        unique = 0.0
+        for t in filter(None, str(tables).split(",")):
+            if t not in meta.index:
+                continue
+            n, alpha = int(meta.at[t, "num_embeddings"]), float(meta.at[t, "zipf_alpha"] or 0.0)
+            st = shard.at[(t, rank), "sharding_type"] if (t, rank) in shard.index else "table_wise"
+            if st == "data_parallel":
+                unique += expected_unique(n, alpha, float(per.get((t, rank), 0.0)))
+            else:
+                rows = float(shard.at[(t, rank), "rows"]) if (t, rank) in shard.index else n
+                unique += expected_unique(n, alpha, float(total.get(t, 0.0))) * min(1.0, rows / n)
+        out.append(work(kind, device, float(ids), unique, x / max(ids, 1)))
+    return pd.Series(out, index=look.index, dtype=float)
+
+
 def call_samples(nodes: pd.DataFrame, world_size: int) -> pd.DataFrame:
     """One sample per call: (rank, step, kind, group) with the call's x and exposed main-thread time y.
 
@@ -146,7 +179,19 @@ def _fit_calls(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return 0.0, float((x * y).sum() / (x * x).sum())
 
 
-def fit_ops(calls: pd.DataFrame, nodes: pd.DataFrame, world_size: int) -> dict[str, OpFit]:
+def _cap_fixed(a: float, b: float, x: np.ndarray, y: np.ndarray, cap: float | None) -> tuple[float, float]:
+    """At most `cap` of a call is fixed cost; the rest of its time is refitted per unit of x.
+
+    With about one size per call in a profile, intercept and slope trade off freely; charging the
+    excess as fixed cost would make every extra sharding-type group look that much dearer.
+    """
+    if cap is None or a <= cap or not np.any(x > 0):
+        return a, b
+    return cap, max(b, float(((y - cap) * x).sum() / (x * x).sum()))
+
+
+def fit_ops(calls: pd.DataFrame, nodes: pd.DataFrame, world_size: int,
+            call_caps: dict[str, float] | None = None) -> dict[str, OpFit]:
     """Per op kind: a_s per call, b_s per unit of x.
 
     Lookups: line through the calls' medians per (rank, group) (different ranks and groups look up
@@ -175,6 +220,7 @@ def fit_ops(calls: pd.DataFrame, nodes: pd.DataFrame, world_size: int) -> dict[s
         if kind.startswith("lookup"):
             med = s.groupby(["rank", "group"])[["x", "y"]].median()
             a, b = _fit_calls(med["x"].values, med["y"].values)
+            a, b = _cap_fixed(a, b, med["x"].values, med["y"].values, (call_caps or {}).get(kind))
         else:
             b = slope((kind,))
             b = pooled if b is None else b
@@ -200,13 +246,23 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit]) -> pd.Series:
     return per.groupby(["step", "kind"])["cost"].max().groupby("step").sum()
 
 
-def calibrate(nodes: pd.DataFrame, steps: pd.DataFrame, manifest: dict[str, Any], profile: str) -> Calibration:
+def calibrate(nodes: pd.DataFrame, steps: pd.DataFrame, manifest: dict[str, Any], profile: str,
+              access: pd.DataFrame | None = None, plan_tables: pd.DataFrame | None = None) -> Calibration:
     """Fit every op kind present; dense_step_s closes the measured step time."""
     world = int(manifest["world_size"])
+    device = manifest.get("device") or "cpu"
+    nodes = nodes.copy()
+    look = nodes["kind"].isin(("lookup_fwd", "lookup_bwd"))
+    if look.any():
+        tables = plan_tables if plan_tables is not None else pd.DataFrame(
+            columns=["table", "module", "sharding_type", "rank", "rows", "cols"])
+        nodes.loc[look, "x"] = lookup_work(nodes[look], access, tables, device, world)
     calls = call_samples(nodes, world)
     if calls.empty:
         raise UserError(f"{profile}: no sparse-path samples to calibrate on")
-    ops = fit_ops(calls, nodes, world)
+    from sparselift.kernels import CPU_CALL_S
+
+    ops = fit_ops(calls, nodes, world, CPU_CALL_S if device == "cpu" else None)
     dp = nodes[(nodes["kind"] == "dp_allreduce") & (nodes["part"] == "collective")]
     if not dp.empty:  # data-parallel gradients: per-byte transfer of the allreduce (dense module's too)
         t = dp["transfer_s"].fillna(dp["dur_s"])

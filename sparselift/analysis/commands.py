@@ -55,7 +55,7 @@ def analyze(path: str | Path, cache: bool = True, progress=None) -> Analysis:
             raise UserError(f"{tr.path}: no sparse-path events (no TorchRec input_dist / lookup / output_dist "
                             f"annotations in the profiled steps)")
     summary = summarize(graph.nodes, graph.steps)
-    cal = calibrate(graph.nodes, graph.steps, prof.manifest, str(path))
+    cal = calibrate(graph.nodes, graph.steps, prof.manifest, str(path), prof.access_stats, prof.plan_tables)
     return Analysis(nodes=graph.nodes, edges=graph.edges, steps=graph.steps, summary=summary,
                     critical_path=critical_path(graph.nodes, summary), calibration=cal, unplaced=graph.unplaced)
 

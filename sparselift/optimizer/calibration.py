@@ -18,6 +18,7 @@ from sparselift.jsonfile import read_versioned
 from sparselift.optimizer.topology import Topology
 
 FORMAT = "sparselift-calibration"
+LOOKUP_UNIT = "work"  # what analysis writes as the lookups' `x`
 OP_KINDS = ("lookup_fwd", "lookup_bwd", "input_dist", "output_dist_fwd", "output_dist_bwd", "dp_allreduce")
 
 
@@ -34,8 +35,8 @@ class Linear:
 class Coefficients:
     """Everything the cost model multiplies resource counts by. Frozen: a cache key."""
 
-    lookup_fwd: Linear  # x = ids·dim gathered on the rank
-    lookup_bwd: Linear  # x = ids·dim (backward + fused optimizer)
+    lookup_fwd: Linear  # x = lookup work on the rank (`sparselift.kernels.lookup_work`)
+    lookup_bwd: Linear  # same unit (backward + fused optimizer)
     input_dist: Linear  # x = bytes of ids/lengths sent by the rank (intra-host)
     output_dist_fwd: Linear  # x = bytes of pooled embeddings moved by the rank (intra-host)
     output_dist_bwd: Linear
@@ -54,12 +55,20 @@ class Coefficients:
         return dataclasses.replace(self, **kw)
 
 
+# (seconds per call, seconds per work unit), measured for fbgemm's CPU TBE (see sparselift/kernels.py)
+CPU_LOOKUP = {"lookup_fwd": (1.9e-4, 3.2e-9), "lookup_bwd": (1.1e-4, 1.1e-8)}
+
+
 def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
     lookup_b = 1.0 / topo.lookup_rate
     comm = Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw)
+    if topo.device == "cuda":
+        fwd = Linear(topo.kernel_latency_s, lookup_b)
+        bwd = Linear(topo.kernel_latency_s, lookup_b * topo.bwd_multiplier)
+    else:  # FBGEMM's CPU kernels, per unit of `sparselift.kernels.lookup_work`
+        fwd, bwd = Linear(*CPU_LOOKUP["lookup_fwd"]), Linear(*CPU_LOOKUP["lookup_bwd"])
     return Coefficients(
-        lookup_fwd=Linear(topo.kernel_latency_s, lookup_b),
-        lookup_bwd=Linear(topo.kernel_latency_s, lookup_b * topo.bwd_multiplier),
+        lookup_fwd=fwd, lookup_bwd=bwd,
         input_dist=comm, output_dist_fwd=comm, output_dist_bwd=comm,
         dp_allreduce=Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw),
         inter_host_b_s=1.0 / topo.inter_host_bw,
@@ -97,7 +106,9 @@ def coefficients(topo: Topology, calibration: dict[str, Any] | None = None,
     ops = calibration["ops"]
     kw: dict[str, Any] = {}
     for kind in OP_KINDS:
-        if kind in ops:
+        # lookups are fitted per unit of `sparselift.kernels.lookup_work`; a fit in another unit
+        # (an older calibration) would be read in the wrong unit, so the preset's value stays
+        if kind in ops and (not kind.startswith("lookup") or ops[kind].get("x") == LOOKUP_UNIT):
             kw[kind] = Linear(max(0.0, float(ops[kind]["a_s"])), max(0.0, float(ops[kind]["b_s"])))
     if "qcomm_quantize" in ops:  # analysis may fit the fp16 conversion; else the preset's rate
         kw["quantize_b_s"] = max(0.0, float(ops["qcomm_quantize"]["b_s"]))

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
+from sparselift.kernels import expected_unique, lookup_work
 from sparselift.optimizer.calibration import Coefficients
 from sparselift.optimizer.space import (CW, DENSE, DP, RW, TW, TWRW, UVM_CACHING, Choice, OptionClass)
 from sparselift.optimizer.stats import TableStats
@@ -51,6 +52,8 @@ class Counts:
     ids_intra: float = 0.0  # input_dist bytes sent inside the host
     ids_inter: float = 0.0
     lookup_x: float = 0.0  # ids·dim gathered (fwd) and scattered (bwd)
+    fwd_work: float = 0.0  # lookup work units (`sparselift.kernels.lookup_work`), forward
+    bwd_work: float = 0.0  # … backward + fused optimizer
     miss_x: float = 0.0  # ids·dim served from host memory (UVM cache misses)
     out_fwd_intra: float = 0.0  # fp32 bytes of pooled embeddings sent
     out_fwd_inter: float = 0.0
@@ -143,12 +146,20 @@ class CostModel:
                 return 0.0
             return lookup_x * (1.0 - t.hot_share(c.cache_load_factor))
 
+        def unique(draws: float) -> float:
+            return expected_unique(N, t.zipf_alpha, draws)
+
+        def work(ids: float, uniq: float, cols: float) -> dict[str, float]:
+            dev = topo.device
+            return dict(fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols),
+                        bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols))
+
         zero = Counts()
         if c.sharding_type == DP:
             hbm, ddr, _ = memory(N, d)
             ring = 2.0 * (W - 1) / W * N * d * FLOAT_BYTES
             grad = N * d * FLOAT_BYTES
-            own = Counts(lookup_x=B * p * d, dense_grad_x=N * d,
+            own = Counts(lookup_x=B * p * d, dense_grad_x=N * d, **work(B * p, unique(B * p), d),
                          ar_intra=ring if topo.num_hosts == 1 else 0.0,
                          ar_inter=ring if topo.num_hosts > 1 else 0.0,
                          hbm=hbm + (grad if gpu else 0.0), ddr=ddr + (0.0 if gpu else grad))
@@ -159,7 +170,7 @@ class CostModel:
             lx = W * B * p * cols
             out = B * cols * FLOAT_BYTES
             own = Counts(lookup_x=lx, miss_x=miss(lx), out_fwd_intra=(L - 1) * out, out_fwd_inter=(W - L) * out,
-                         dense_grad_x=dense_x, hbm=hbm, ddr=ddr)
+                         dense_grad_x=dense_x, hbm=hbm, ddr=ddr, **work(W * B * p, unique(W * B * p), cols))
             return ClassCounts("rank", c.shards, own, Counts(ids_intra=idb, out_bwd_intra=out),
                                Counts(ids_inter=idb, out_bwd_inter=out))
         if c.sharding_type == RW:
@@ -169,7 +180,7 @@ class CostModel:
             own = Counts(ids_intra=idb * (L - 1) / W, ids_inter=idb * (W - L) / W, lookup_x=lx, miss_x=miss(lx),
                          out_fwd_intra=(L - 1) * out, out_fwd_inter=(W - L) * out,
                          out_bwd_intra=(L - 1) * out, out_bwd_inter=(W - L) * out,
-                         dense_grad_x=dense_x, hbm=hbm, ddr=ddr)
+                         dense_grad_x=dense_x, hbm=hbm, ddr=ddr, **work(B * p, unique(W * B * p) / W, d))
             return ClassCounts("all", W, own, zero, zero)
         if c.sharding_type == TWRW:
             hbm, ddr, dense_x = memory(N / L, d)
@@ -177,6 +188,7 @@ class CostModel:
             lx = W * B * p * d / L
             fwd_intra, fwd_inter = W * out * (L - 1) / L, (W - L) * out / L
             own = Counts(ids_intra=idb * (L - 1) / L, lookup_x=lx, miss_x=miss(lx),
+                         **work(W * B * p / L, unique(W * B * p) / L, d),
                          out_fwd_intra=fwd_intra, out_fwd_inter=fwd_inter,
                          out_bwd_intra=fwd_intra, out_bwd_inter=0.0, dense_grad_x=dense_x, hbm=hbm, ddr=ddr)
             remote = Counts(ids_inter=idb, out_bwd_inter=out)
@@ -200,10 +212,10 @@ class CostModel:
         def vec(n: Counts) -> Vec:
             return (
                 k.input_dist.b_s * n.ids_intra + k.inter_host_b_s * n.ids_inter,
-                k.lookup_fwd.b_s * n.lookup_x + k.uvm_miss_b_s * n.miss_x,
+                k.lookup_fwd.b_s * n.fwd_work + k.uvm_miss_b_s * n.miss_x,
                 out(n.out_fwd_intra, n.out_fwd_inter, k.output_dist_fwd.b_s, ff),
                 out(n.out_bwd_intra, n.out_bwd_inter, k.output_dist_bwd.b_s, fb),
-                k.lookup_bwd.b_s * n.lookup_x + k.uvm_miss_b_s * n.miss_x + k.dense_grad_b_s * n.dense_grad_x,
+                k.lookup_bwd.b_s * n.bwd_work + k.uvm_miss_b_s * n.miss_x + k.dense_grad_b_s * n.dense_grad_x,
                 (1.0 - k.dp_overlap) * (k.dp_allreduce.b_s * n.ar_intra + k.inter_host_b_s * n.ar_inter),
                 n.hbm, n.ddr,
             )

@@ -93,7 +93,7 @@ def _gib(b: float) -> str:
 
 def optimize(inp: Inputs, *, time_limit_s: float = 30.0, seed: int = 0, workers: int = 1, mode: str = "auto",
              baseline: plans.Plan | None = None, progress: Callable[[str], None] | None = None,
-             min_gain: float = 0.0) -> Result:
+             min_gain: float = 0.0, other_baselines: tuple[plans.Plan, ...] = ()) -> Result:
     """Solve, then keep the baseline (TorchRec's plan) unless ours is predicted faster by `min_gain`.
 
     `min_gain` is the share by which a new plan must beat the baseline under the model to be worth
@@ -106,9 +106,13 @@ def optimize(inp: Inputs, *, time_limit_s: float = 30.0, seed: int = 0, workers:
     classes = feasible_classes(model, inp.stats, g)
     by_name = {s.name: s for s in inp.stats}
     hint, base_cost = None, None
-    if baseline is not None:
-        hint, bg = choices_from_plan(baseline, inp.topo)
-        base_cost = model.evaluate(by_name, hint, bg)
+    for candidate in (baseline, *other_baselines):  # the cheapest TorchRec plan is the one to beat
+        if candidate is None:
+            continue
+        choices, bg = choices_from_plan(candidate, inp.topo)
+        cost = model.evaluate(by_name, choices, bg)
+        if base_cost is None or cost.step_time_s < base_cost.step_time_s:
+            hint, base_cost, baseline = choices, cost, candidate
     t0 = time.perf_counter()
     sol = solve(Problem(inp.stats, model, g, classes, hint), time_limit_s=time_limit_s, seed=seed,
                 workers=workers, mode=mode, progress=progress)

@@ -89,15 +89,17 @@ def _host_memory_bytes() -> int:
 
 
 def _cpu_gloo(world_size: int, local_world_size: int) -> Topology:
-    # Defaults measured-ish on a small CPU host with gloo over shared memory; the calibration of a
-    # profile replaces the lookup/collective rates (see calibration.py). One compute thread per rank:
-    # the sparse-dist pipeline has nothing to overlap with, and fp16 conversion costs more than the
-    # bytes it saves on local shared memory.
+    # Defaults measured on a small CPU host with gloo over shared memory; the calibration of a
+    # profile replaces the lookup/collective rates (see calibration.py). fp16 conversion costs more
+    # than the bytes it saves on local shared memory. The sparse-dist pipeline runs the next batch's
+    # input_dist on gloo's thread beside this step's compute: measured, it hides about all of it
+    # (multihot-26: 123 → 112 ms a step) for ~1.5 ms of bookkeeping a step (tiny: no gain from its
+    # ~1.6 ms input_dist), so it pays only where input_dist is large.
     return Topology(world_size=world_size, local_world_size=local_world_size, device="cpu", preset="cpu-gloo",
                     ddr_bytes=_host_memory_bytes() // local_world_size, memory_reserve_fraction=0.3,
                     intra_host_bw=2e9, inter_host_bw=1.25e9, collective_latency_s=150e-6,
                     lookup_rate=3e8, bwd_multiplier=3.0, kernel_latency_s=30e-6, quant_rate=3e8,
-                    pipeline_overlap=0.0, pipeline_overhead_s=100e-6, dense_flops=3e10)
+                    pipeline_overlap=1.0, pipeline_overhead_s=1.5e-3, dense_flops=3e10)
 
 
 def _gpu_host(name: str, hbm: int, hbm_bw: float, world_size: int, local_world_size: int) -> Topology:

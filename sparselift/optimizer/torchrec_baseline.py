@@ -90,14 +90,23 @@ class _AllTypesSharder:
 
 
 def torchrec_plan(stats: list[TableStats], topo: Topology, batch_size: int,
-                  timeout_s: int | None = None) -> plans.Plan:
-    """TorchRec's EmbeddingShardingPlanner on these tables and this topology, as a SparseLift plan."""
+                  timeout_s: int | None = None, informed: bool = True) -> plans.Plan:
+    """TorchRec's EmbeddingShardingPlanner on these tables and this topology, as a SparseLift plan.
+
+    `informed`: given the tables' pooling factors and our topology's memory and bandwidths; else the
+    planner as a trainer calls it by default (device, world size, nothing else), which is the plan
+    `sparselift train` uses without `--plan`.
+    """
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner import Topology as TRTopology
 
+    topology = tr_topology(topo) if informed else TRTopology(
+        world_size=topo.world_size, compute_device=topo.device, local_world_size=topo.local_world_size)
     with quiet():
-        planner = EmbeddingShardingPlanner(topology=tr_topology(topo), batch_size=batch_size,
-                                           constraints=_constraints(stats), timeout_seconds=timeout_s)
+        planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size,
+                                           constraints=_constraints(stats) if informed else None,
+                                           timeout_seconds=timeout_s)
         try:
             sp = planner.plan(ebc(stats), [EmbeddingBagCollectionSharder()])
         except Exception as e:  # noqa: BLE001 - PlannerError: TorchRec found no plan
@@ -108,22 +117,23 @@ def torchrec_plan(stats: list[TableStats], topo: Topology, batch_size: int,
                                provenance={"planner": "torchrec.EmbeddingShardingPlanner"})
 
 
-def _child(q, stats, topo, batch_size, timeout_s) -> None:
+def _child(q, stats, topo, batch_size, timeout_s, informed) -> None:
     try:
         t0 = time.perf_counter()
-        p = torchrec_plan(stats, topo, batch_size, timeout_s)
+        p = torchrec_plan(stats, topo, batch_size, timeout_s, informed)
         q.put(("ok", p.to_dict(), time.perf_counter() - t0))
     except Exception as e:  # noqa: BLE001 - reported to the parent as text
         q.put(("error", f"{type(e).__name__}: {e}", 0.0))
 
 
 def torchrec_plan_timed(stats: list[TableStats], topo: Topology, batch_size: int,
-                        timeout_s: float) -> tuple[plans.Plan | None, float, str]:
+                        timeout_s: float, informed: bool = True) -> tuple[plans.Plan | None, float, str]:
     """(plan or None, seconds, status: ok | timeout | error text) with a hard wall-clock limit."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     t0 = time.perf_counter()
-    proc = ctx.Process(target=_child, args=(q, stats, topo, batch_size, max(1, int(timeout_s))), daemon=True)
+    proc = ctx.Process(target=_child, args=(q, stats, topo, batch_size, max(1, int(timeout_s)), informed),
+                       daemon=True)
     proc.start()
     try:
         status, payload, secs = q.get(timeout=timeout_s)

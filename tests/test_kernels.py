@@ -1,0 +1,33 @@
+"""The lookup-work unit: distinct rows expected under Zipf match a recount of generated ids."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparselift.kernels import expected_unique, lookup_work
+from sparselift.optimizer.calibration import coefficients
+from sparselift.optimizer.topology import preset
+from sparselift.workloads.batches import zipf_ranks
+
+
+@pytest.mark.parametrize("rows, alpha, draws", [(1000, 1.05, 100_000), (100_000, 1.05, 100_000),
+                                                (1_000_000, 0.9, 50_000), (300, 0.0, 512), (80_000, 1.3, 10_000)])
+def test_expected_unique_matches_a_recount(rows, alpha, draws):
+    g = torch.Generator().manual_seed(1)
+    counted = zipf_ranks(draws, rows, alpha, g).unique().numel()
+    assert expected_unique(rows, alpha, draws) == pytest.approx(counted, rel=0.1)
+
+
+def test_units_by_device():
+    assert lookup_work("lookup_bwd", "cuda", 100, 10, 64) == 6400
+    assert lookup_work("lookup_bwd", "cpu", 100, 10, 64) == lookup_work("lookup_bwd", "cpu", 100, 10, 8) > 100
+
+
+def test_a_lookup_fit_in_another_unit_is_not_used():
+    topo = preset("cpu-gloo", 2)
+    cal = {"device": "cpu", "ops": {"lookup_bwd": {"x": "ids*dim", "a_s": 1.0, "b_s": 1.0},
+                                    "input_dist": {"x": "bytes", "a_s": 0.5, "b_s": 1e-9}}}
+    k = coefficients(topo, cal)
+    assert k.lookup_bwd == coefficients(topo).lookup_bwd  # the preset's, not the stale fit
+    assert k.input_dist.a_s == 0.5
