@@ -64,7 +64,7 @@ def test_predicts_held_out_plan_roughly(analyses):
 
 
 @pytest.mark.xfail(strict=False, reason="10% target not met on the tiny CPU fixtures (3 profiled steps on a shared "
-                   "host): measured table_wise→row_wise -24.9%, row_wise→table_wise +30.4% (gloo runs row-wise "
+                   "host): measured table_wise→row_wise -23.7%, row_wise→table_wise +30.9% (gloo runs row-wise "
                    "reduce-scatter as an all-reduce, unseen in a table-wise profile)")
 def test_predicts_held_out_plan_within_target(analyses):
     assert abs(_error(analyses, "table_wise", "row_wise")) < 0.10

@@ -10,7 +10,7 @@ from sparselift import plans
 from sparselift.optimizer.calibration import Linear, coefficients
 from sparselift.optimizer.cost_model import CostModel, predict_plan
 from sparselift.optimizer.planio import fingerprints, plan_topology
-from sparselift.optimizer.space import CW, TW, OptionClass, enumerate_classes
+from sparselift.optimizer.space import CW, RW, TW, OptionClass, enumerate_classes
 from sparselift.optimizer.stats import TableStats, zipf_share
 from sparselift.optimizer.topology import preset
 
@@ -76,3 +76,12 @@ def test_cpu_backward_is_paid_per_distinct_row():
     assert bwd[1] > 2 * bwd[0]  # same ids, far more distinct rows
     ids = 2 * 64 * 8.0
     assert expected_unique(100_000, 0.0, ids) == pytest.approx(ids, rel=0.01)
+
+
+def test_row_wise_output_is_an_all_reduce_on_gloo():
+    t = T[2]
+    gloo, gpu = preset("cpu-gloo", 4, 4), preset("h100x8", 4, 4)
+    for topo, sent in ((gloo, 2.0 * 3 / 4 * 4), (gpu, 3.0)):  # ring all-reduce of W·B·d vs a reduce-scatter
+        m = CostModel(topo, 64, coefficients(topo))
+        counts = m.counts(t, OptionClass(RW, "fused")).own
+        assert counts.out_fwd_intra == pytest.approx(sent * 64 * t.embedding_dim * 4)

@@ -94,11 +94,14 @@ def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
 
 
 def _sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
-    """Bytes a collective sends off the rank, from its tensor size: an all-to-all or all-reduce
-    (gloo's reduce-scatter) keeps the rank's own chunk, an all-gather sends its input to every peer."""
+    """Bytes a collective sends off the rank, from its tensor size: an all-to-all keeps the rank's own
+    chunk, a ring all-reduce (also gloo's stand-in for reduce-scatter) sends every other chunk twice
+    (reduce, then gather), an all-gather sends its input to every peer — as the cost model counts."""
     w = max(world_size, 1)
-    gather = coll["coll_op"].fillna("").str.contains("gather")
-    return coll["bytes"].astype(float) * np.where(gather, w - 1, (w - 1) / w)
+    op = coll["coll_op"].fillna("")
+    factor = np.where(op.str.contains("gather"), w - 1,
+                      np.where(op.str.contains("all_reduce|allreduce"), 2 * (w - 1) / w, (w - 1) / w))
+    return coll["bytes"].astype(float) * factor
 
 
 def lookup_work(nodes: pd.DataFrame, access: pd.DataFrame | None, plan_tables: pd.DataFrame,

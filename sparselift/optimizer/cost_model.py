@@ -25,7 +25,7 @@ pipeline's extra batch of ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
@@ -181,6 +181,9 @@ class CostModel:
                          out_fwd_intra=(L - 1) * out, out_fwd_inter=(W - L) * out,
                          out_bwd_intra=(L - 1) * out, out_bwd_inter=(W - L) * out,
                          dense_grad_x=dense_x, hbm=hbm, ddr=ddr, **work(B * p, unique(W * B * p) / W, d))
+            if not gpu:  # gloo has no reduce-scatter: a ring all-reduce of the whole W·B·d output
+                own = replace(own, out_fwd_intra=2.0 * (W - 1) / W * W * out if topo.num_hosts == 1 else 0.0,
+                              out_fwd_inter=2.0 * (W - 1) / W * W * out if topo.num_hosts > 1 else 0.0)
             return ClassCounts("all", W, own, zero, zero)
         if c.sharding_type == TWRW:
             hbm, ddr, dense_x = memory(N / L, d)
