@@ -8,10 +8,12 @@ and 25 % (fwd)):
     forward  ≈ 0.19 ms + 3.2 ns · ids + 16 ns · unique rows
     backward ≈ 0.11 ms + 11 ns · ids + 450 ns · unique rows      (dim changes neither)
 
-so the backward, which dominates, is paid per *distinct row touched*: a table served to every rank
-(table-wise, column-wise) pays for the unique rows of all ranks' ids, column-wise shards each pay it
-again, and row-wise shards split it. The CPU unit is therefore `ids + κ · unique`, κ the ratio above;
-the calibration fits seconds per unit from the profile's own traces.
+plus 0.72 ns forward and 0.65 ns backward per pooled output element, bags × dim
+(benchmarks/bench_lookup_kernel.py). So the backward, which dominates, is paid per *distinct row
+touched*: a table served to every rank (table-wise, column-wise) pays for the unique rows of all
+ranks' ids, column-wise shards each pay it again, and row-wise shards split it — but write every
+rank's bags on every rank. The CPU unit is therefore `ids + κ · unique + μ · bags · dim`, κ and μ
+the ratios above; the calibration fits seconds per unit from the profile's own traces.
 """
 
 from __future__ import annotations
@@ -21,17 +23,23 @@ from functools import lru_cache
 import numpy as np
 
 CPU_UNIQUE_WEIGHT = {"lookup_fwd": 5.0, "lookup_bwd": 41.0}  # κ: one unique row costs κ ids
+CPU_BAG_WEIGHT = {"lookup_fwd": 0.22, "lookup_bwd": 0.06}  # μ: one pooled output element costs μ ids
 
-# Fixed cost of one lookup call on a CPU rank, from the kernel measurements above: a profile sees
-# about one size per call and cannot tell a call's fixed cost from its size by itself.
-CPU_CALL_S = {"lookup_fwd": 1.9e-4, "lookup_bwd": 1.1e-4}
+# Fixed cost of one call on a CPU rank, measured on its own: a profile sees about one size per call
+# and cannot tell a call's fixed cost from its size by itself. Lookups: the kernel fits above.
+# Distributions: TorchRec's KJTAllToAll (input_dist) and PooledEmbeddingsAllToAll (output_dist,
+# forward and backward) between 2 gloo ranks, 3 KB–2 MB, median of 25 calls
+# (benchmarks/bench_dist_calls.py): 0.85 ms + 1.8 ns/B, 0.34 ms + 1.6 ns/B, 0.50 ms + 2.2 ns/B.
+CPU_CALL_S = {"lookup_fwd": 1.9e-4, "lookup_bwd": 1.1e-4,
+              "input_dist": 8.5e-4, "output_dist_fwd": 3.4e-4, "output_dist_bwd": 5.0e-4}
 
 
-def lookup_work(kind: str, device: str, ids: float, unique: float, dim: float) -> float:
-    """Units of work of one lookup call (`kind` lookup_fwd / lookup_bwd) on `device`."""
+def lookup_work(kind: str, device: str, ids: float, unique: float, dim: float, bag_elems: float = 0.0) -> float:
+    """Units of work of one lookup call (`kind` lookup_fwd / lookup_bwd) on `device`; `bag_elems`
+    the pooled output elements it writes (bags × dim summed over its tables)."""
     if device == "cuda":
         return ids * dim
-    return ids + CPU_UNIQUE_WEIGHT[kind] * unique
+    return ids + CPU_UNIQUE_WEIGHT[kind] * unique + CPU_BAG_WEIGHT[kind] * bag_elems
 
 
 def expected_unique(rows: int, alpha: float, draws: float) -> float:

@@ -55,13 +55,15 @@ def test_predict_plan_of_round_robin_and_balance():
 
 
 def test_column_shards_split_lookup_work_on_gpu_not_on_cpu():
-    for device, share in (("h100x8", 0.5), ("cpu-gloo", 1.0)):
+    for device in ("h100x8", "cpu-gloo"):
         topo = preset(device, 2 if device == "cpu-gloo" else 8)
         m = CostModel(topo, 64, coefficients(topo))
         tw, cw = m.terms(T[0], OptionClass(TW, "fused")), m.terms(T[0], OptionClass(CW, "fused", 2))
-        # GPU lookups move ids·dim; FBGEMM's CPU kernels cost per id and per distinct row, whatever the dim
-        assert cw.own[1] == pytest.approx(tw.own[1] * share)  # lookup_fwd per shard
-        assert cw.own[4] == pytest.approx(tw.own[4] * share)  # lookup_bwd per shard
+        fwd, bwd = cw.own[1] / tw.own[1], cw.own[4] / tw.own[4]  # lookup per shard ÷ whole table
+        if device == "h100x8":  # GPU lookups move ids·dim: half the columns, half the work
+            assert fwd == pytest.approx(0.5) and bwd == pytest.approx(0.5)
+        else:  # FBGEMM's CPU kernels pay every id and distinct row again; only the outputs halve
+            assert 0.5 < fwd < 1 and 0.9 < bwd < 1
         assert cw.remote_intra[0] == pytest.approx(tw.remote_intra[0])  # ids go to every shard
 
 

@@ -1,13 +1,14 @@
 """Fitted cost coefficients per op kind (calibration.json, the optimizer's input).
 
-duration_s ≈ a_s + b_s · x per op kind (units in docs/CONTRACTS.md), fitted on every rank × step
-sample of the profile. Collectives are fitted on their *transfer* time (the shortest duration of the
-same collective across ranks: the last rank to arrive waited least), so that waiting for a slow peer
-is not mistaken for bandwidth; `overlap` is the share of the stage hidden behind other work.
-`dense_step_s` is what is left of the fastest measured step (slowest rank) when the sparse path's
-modelled cost is taken out, so predicting the profiled plan gives back that step time; the fastest
-step is used because on a shared host other processes only ever add time.
-"""
+duration_s ≈ a_s + b_s · x per op kind and call (units in docs/CONTRACTS.md), fitted on the quieter
+half of the profiled steps. Distribution calls count the bytes each rank sends as the plan splits
+them (`volumes`), the same count the optimizer's cost model uses, and are fitted on the rank that
+waited least, so that waiting for a slow peer is not mistaken for bandwidth. A profile sees about
+one size per call, so each call's fixed cost comes from measuring that call on its own
+(`kernels.CPU_CALL_S`) unless the profile's calls differ enough in size to tell. `overlap` is the
+share of the stage's transfer hidden behind other work. `dense_step_s` is what is left of the fastest
+measured step (slowest rank) when the sparse path's modelled cost is taken out, so predicting the
+profiled plan gives back that step time."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sparselift.analysis.volumes import dist_bytes
 from sparselift.errors import UserError
 from sparselift.jsonfile import read_versioned
 
@@ -75,24 +77,6 @@ def load_calibration(path: str | Path) -> Calibration:
         raise UserError(f"{p}: malformed calibration ({e})") from None
 
 
-def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """(a, b, r2). Least squares when x varies; through the origin when it does not (or b < 0)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) == 0:
-        return 0.0, 0.0, 0.0
-    if not np.any(x > 0):
-        return float(y.mean()), 0.0, 0.0
-    a, b = 0.0, float((x * y).sum() / (x * x).sum())
-    if len(np.unique(x)) >= 3 and x.std() > 0.05 * abs(x.mean()):
-        b1, a1 = np.polyfit(x, y, 1)
-        if b1 >= 0 and a1 >= 0:
-            a, b = float(a1), float(b1)
-    pred = a + b * x
-    ss = ((y - y.mean()) ** 2).sum()
-    r2 = float(1 - ((y - pred) ** 2).sum() / ss) if ss > 0 else 1.0
-    return a, b, r2
-
-
 def _sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
     """Bytes a collective sends off the rank, from its tensor size: an all-to-all keeps the rank's own
     chunk, a ring all-reduce (also gloo's stand-in for reduce-scatter) sends every other chunk twice
@@ -108,7 +92,8 @@ def lookup_work(nodes: pd.DataFrame, access: pd.DataFrame | None, plan_tables: p
                 device: str, world_size: int) -> pd.Series:
     """Work units (`sparselift.kernels.lookup_work`) of each lookup node: its ids from the trace, and
     the distinct rows its tables' shards touch, expected from the profiled ids per table and their
-    fitted Zipf skew (the trace does not say how many ids were distinct)."""
+    fitted Zipf skew (the trace does not say how many ids were distinct), and the pooled outputs its
+    shards write (every rank's batch, but a data-parallel table's own)."""
     from sparselift.kernels import expected_unique, lookup_work as work
 
     look = nodes[nodes["kind"].isin(("lookup_fwd", "lookup_bwd"))]
@@ -117,23 +102,26 @@ def lookup_work(nodes: pd.DataFrame, access: pd.DataFrame | None, plan_tables: p
                           zip(look["kind"], look["ids"].fillna(0), look["x"].fillna(0))], index=look.index)
     per = access.groupby(["table", "rank"])["ids"].mean()
     total = per.groupby("table").sum()
-    meta = access.groupby("table")[["num_embeddings", "zipf_alpha"]].first()
-    shard = plan_tables.groupby(["table", "rank"]).agg(sharding_type=("sharding_type", "first"), rows=("rows", "sum"))
+    meta = access.groupby("table")[["num_embeddings", "embedding_dim", "zipf_alpha", "batch_size"]].first()
+    shard = plan_tables.groupby(["table", "rank"]).agg(sharding_type=("sharding_type", "first"), rows=("rows", "sum"),
+                                                       cols=("cols", "sum"))
     out = []
     for idx, kind, rank, ids, x, tables in zip(look.index, look["kind"], look["rank"], look["ids"].fillna(0),
                                                look["x"].fillna(0), look["tables"].fillna("")):
-        unique = 0.0
+        unique = bag_elems = 0.0
         for t in filter(None, str(tables).split(",")):
             if t not in meta.index:
                 continue
             n, alpha = int(meta.at[t, "num_embeddings"]), float(meta.at[t, "zipf_alpha"] or 0.0)
-            st = shard.at[(t, rank), "sharding_type"] if (t, rank) in shard.index else "table_wise"
+            st, rows, cols = (shard.loc[(t, rank)] if (t, rank) in shard.index
+                              else ("table_wise", n, meta.at[t, "embedding_dim"]))
+            bags = float(meta.at[t, "batch_size"]) * (1 if st == "data_parallel" else world_size)
+            bag_elems += bags * float(cols)
             if st == "data_parallel":
                 unique += expected_unique(n, alpha, float(per.get((t, rank), 0.0)))
             else:
-                rows = float(shard.at[(t, rank), "rows"]) if (t, rank) in shard.index else n
-                unique += expected_unique(n, alpha, float(total.get(t, 0.0))) * min(1.0, rows / n)
-        out.append(work(kind, device, float(ids), unique, x / max(ids, 1)))
+                unique += expected_unique(n, alpha, float(total.get(t, 0.0))) * min(1.0, float(rows) / n)
+        out.append(work(kind, device, float(ids), unique, x / max(ids, 1), bag_elems))
     return pd.Series(out, index=look.index, dtype=float)
 
 
@@ -168,69 +156,53 @@ def call_samples(nodes: pd.DataFrame, world_size: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["rank", "step", "kind", "group", "x", "y", "wait", "transfer", "calls"])
 
 
-def _fit_calls(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(a, b) through per-call medians: a line where the calls' x differ (two distinct sizes are
-    enough), a ∈ [0, min y], b ≥ 0; through the origin when they do not."""
+def _with_plan_bytes(calls: pd.DataFrame, sent: pd.DataFrame) -> pd.DataFrame:
+    """Distribution calls' x: the bytes each rank sends as the plan splits them (`volumes`), where
+    counted; the trace's even-split estimate elsewhere."""
+    keys = ["rank", "step", "kind", "group"]
+    m = calls.merge(sent.rename(columns={"x": "plan_x"}), on=keys, how="left")
+    dist = m["kind"].isin(DIST) & m["plan_x"].notna()
+    m.loc[dist, "x"] = m.loc[dist, "plan_x"]
+    return m.drop(columns="plan_x")
+
+
+def _fit_calls(x: np.ndarray, y: np.ndarray, fixed: float | None = None) -> tuple[float, float]:
+    """(a, b) ≥ 0 through per-call samples, a ≤ min y.
+
+    Where the calls' x differ (by > 20 %), a is the line's intercept (the smallest y when time does
+    not grow with x), at most `fixed`. Where they do not, one size alone cannot tell a fixed cost from
+    a per-unit one: a is `fixed`, the call's fixed cost measured on its own (`kernels.CPU_CALL_S`),
+    or 0 without one. b takes the rest of the time per unit of x.
+    """
     x, y = np.asarray(x, float), np.asarray(y, float)
     if len(x) == 0 or not np.any(x > 0):
         return (float(y.mean()) if len(y) else 0.0), 0.0
+    cap = y.min() if fixed is None else min(fixed, y.min())
+    a = 0.0 if fixed is None else cap
     if x.max() > 1.2 * x.min() > 0:
         b1, a1 = np.polyfit(x, y, 1)
-        if b1 > 0:
-            a = float(np.clip(a1, 0.0, y.min()))
-            return a, float(((y - a) * x).sum() / (x * x).sum())
-    return 0.0, float((x * y).sum() / (x * x).sum())
+        a = float(np.clip(a1 if b1 > 0 else y.min(), 0.0, cap))
+    return float(a), max(0.0, float(((y - a) * x).sum() / (x * x).sum()))
 
 
-def _cap_fixed(a: float, b: float, x: np.ndarray, y: np.ndarray, cap: float | None) -> tuple[float, float]:
-    """At most `cap` of a call is fixed cost; the rest of its time is refitted per unit of x.
+def fit_ops(calls: pd.DataFrame, fixed: dict[str, float] | None = None) -> dict[str, OpFit]:
+    """Per op kind: a_s per call, b_s per unit of x (`_fit_calls`, `fixed` the known per-call costs).
 
-    With about one size per call in a profile, intercept and slope trade off freely; charging the
-    excess as fixed cost would make every extra sharding-type group look that much dearer.
+    Lookups: through the calls' medians per (rank, group): ranks and groups look up different
+    amounts. Distributions: per (step, group), the exposed time of the rank that waited least (the
+    last to arrive: it did not wait for a slow peer) against the most any rank sent — a collective
+    ends together on every rank, so its time goes with the largest share.
     """
-    if cap is None or a <= cap or not np.any(x > 0):
-        return a, b
-    return cap, max(b, float(((y - cap) * x).sum() / (x * x).sum()))
-
-
-def fit_ops(calls: pd.DataFrame, nodes: pd.DataFrame, world_size: int,
-            call_caps: dict[str, float] | None = None) -> dict[str, OpFit]:
-    """Per op kind: a_s per call, b_s per unit of x.
-
-    Lookups: line through the calls' medians per (rank, group) (different ranks and groups look up
-    different ids·dim). Distributions: the slope is the collectives' per-byte transfer cost, fitted over
-    the individual collective calls (splits, lengths and values all-to-alls differ by orders of
-    magnitude in size, so intercept and slope are both identifiable; pooled over all collectives when
-    one kind alone has no spread); the per-call cost a_s is the median over calls of the exposed time
-    less that slope's share, taken for each call on the rank that waited least (the last to arrive:
-    it did not wait for a slow peer).
-    """
-    coll = nodes[nodes["part"] == "collective"].copy()
-    coll["sent"] = _sent_bytes(coll, world_size)
-    coll["t"] = coll["transfer_s"].fillna(coll["dur_s"])
-
-    def slope(kinds: tuple[str, ...]) -> float | None:
-        c = coll[coll["kind"].isin(kinds)]
-        x = c["sent"].values
-        if len(np.unique(np.round(x, -1))) < 3 or not np.any(x > 0):
-            return None
-        b1, a1 = np.polyfit(x, c["t"].values, 1)
-        return max(float(b1), 0.0)
-
-    pooled = slope(DIST)
     ops = {}
     for kind, s in calls.groupby("kind"):
+        prior = (fixed or {}).get(kind)
         if kind.startswith("lookup"):
             med = s.groupby(["rank", "group"])[["x", "y"]].median()
-            a, b = _fit_calls(med["x"].values, med["y"].values)
-            a, b = _cap_fixed(a, b, med["x"].values, med["y"].values, (call_caps or {}).get(kind))
+            a, b = _fit_calls(med["x"].values, med["y"].values, prior)
         else:
-            b = slope((kind,))
-            b = pooled if b is None else b
-            b = 0.0 if b is None else b
-            # per (step, group): the rank that waited least
-            least = s.loc[s.groupby(["step", "group"])["wait"].idxmin()]
-            a = float(max(0.0, np.median(least["y"] - b * least["x"])))
+            by = s.groupby(["step", "group"])
+            least = s.loc[by["wait"].idxmin()]
+            a, b = _fit_calls(by["x"].transform("max").loc[least.index].values, least["y"].values, prior)
         pred = a + b * s["x"]
         ss = float(((s["y"] - s["y"].mean()) ** 2).sum())
         r2 = float(1 - ((s["y"] - pred) ** 2).sum() / ss) if ss > 0 else 1.0
@@ -260,18 +232,23 @@ def calibrate(nodes: pd.DataFrame, steps: pd.DataFrame, manifest: dict[str, Any]
         tables = plan_tables if plan_tables is not None else pd.DataFrame(
             columns=["table", "module", "sharding_type", "rank", "rows", "cols"])
         nodes.loc[look, "x"] = lookup_work(nodes[look], access, tables, device, world)
+    by_step = steps.groupby("step")["dur_s"].max().to_frame("step_s")
+    # fit on the quieter half of the steps: on a shared host, other processes only ever add time
+    quiet = by_step.index[by_step["step_s"] <= by_step["step_s"].median()]
+    nodes = nodes[nodes["step"].isin(quiet)]
     calls = call_samples(nodes, world)
     if calls.empty:
         raise UserError(f"{profile}: no sparse-path samples to calibrate on")
+    if access is not None and not access.empty and plan_tables is not None and not plan_tables.empty:
+        calls = _with_plan_bytes(calls, dist_bytes(access, plan_tables, manifest))
     from sparselift.kernels import CPU_CALL_S
 
-    ops = fit_ops(calls, nodes, world, CPU_CALL_S if device == "cpu" else None)
+    ops = fit_ops(calls, CPU_CALL_S if device == "cpu" else None)
     dp = nodes[(nodes["kind"] == "dp_allreduce") & (nodes["part"] == "collective")]
     if not dp.empty:  # data-parallel gradients: per-byte transfer of the allreduce (dense module's too)
         t = dp["transfer_s"].fillna(dp["dur_s"])
         b = float(t.sum() / max(dp["bytes"].sum(), 1))
         ops["dp_allreduce"] = OpFit(x=UNITS["dp_allreduce"], a_s=0.0, b_s=b, r2=0.0, n=int(len(dp)), overlap=0.0)
-    by_step = steps.groupby("step")["dur_s"].max().to_frame("step_s")
     by_step["sparse"] = sparse_cost(calls, ops)
     by_step["sparse"] = by_step["sparse"].fillna(0.0)
     # the least-disturbed step: on a shared host, other processes only ever add time

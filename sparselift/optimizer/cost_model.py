@@ -149,17 +149,17 @@ class CostModel:
         def unique(draws: float) -> float:
             return expected_unique(N, t.zipf_alpha, draws)
 
-        def work(ids: float, uniq: float, cols: float) -> dict[str, float]:
+        def work(ids: float, uniq: float, cols: float, bags: float = W * B) -> dict[str, float]:
             dev = topo.device
-            return dict(fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols),
-                        bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols))
+            return dict(fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols, bags * cols),
+                        bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols, bags * cols))
 
         zero = Counts()
         if c.sharding_type == DP:
             hbm, ddr, _ = memory(N, d)
             ring = 2.0 * (W - 1) / W * N * d * FLOAT_BYTES
             grad = N * d * FLOAT_BYTES
-            own = Counts(lookup_x=B * p * d, dense_grad_x=N * d, **work(B * p, unique(B * p), d),
+            own = Counts(lookup_x=B * p * d, dense_grad_x=N * d, **work(B * p, unique(B * p), d, B),
                          ar_intra=ring if topo.num_hosts == 1 else 0.0,
                          ar_inter=ring if topo.num_hosts > 1 else 0.0,
                          hbm=hbm + (grad if gpu else 0.0), ddr=ddr + (0.0 if gpu else grad))

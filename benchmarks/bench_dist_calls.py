@@ -1,0 +1,89 @@
+"""What one TorchRec distribution call costs between 2 gloo ranks: the source of `kernels.CPU_CALL_S`.
+
+A profile sees about one size per distribution call, so it cannot tell a call's fixed cost from its
+per-byte cost by itself; the calibration takes the fixed cost measured here. Times KJTAllToAll
+(input_dist: splits, lengths and values all-to-alls) and PooledEmbeddingsAllToAll (output_dist,
+forward and forward+backward) over sizes from kilobytes to megabytes, one thread per rank as the
+launcher sets, and prints median times and the line a + b·bytes through them.
+
+    .venv/bin/python benchmarks/bench_dist_calls.py [--reps 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+BATCH = 256
+
+
+def _median_s(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps + 5):
+        dist.barrier()
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[5:])
+
+
+def _rank(rank: int, world: int, port: int, reps: int) -> None:
+    from torchrec.distributed.dist_data import KJTAllToAll, PooledEmbeddingsAllToAll
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    pg = dist.group.WORLD
+    rows: dict[str, list[tuple[float, float]]] = {"input_dist": [], "output_dist_fwd": [], "output_dist_bwd": []}
+    for features, pooling in ((2, 1), (8, 1), (8, 10), (8, 40), (26, 20), (26, 60)):
+        lengths = torch.full((features * BATCH,), pooling, dtype=torch.int32)
+        kjt = KeyedJaggedTensor(keys=[f"f{i}" for i in range(features)], lengths=lengths,
+                                values=torch.randint(0, 1000, (int(lengths.sum()),)))
+        a2a = KJTAllToAll(pg, splits=[features // world] * world)
+
+        def input_dist():
+            out = a2a(kjt)
+            while hasattr(out, "wait"):
+                out = out.wait()
+
+        sent = (kjt.values().numel() * 8 + lengths.numel() * 4) * (world - 1) / world
+        rows["input_dist"].append((sent, _median_s(input_dist, reps)))
+    for dim in (16, 64, 256, 1024, 4096):
+        pooled = PooledEmbeddingsAllToAll(pg, dim_sum_per_rank=[dim // world] * world)
+        emb = torch.randn(BATCH * world, dim // world, requires_grad=True)
+        fwd = _median_s(lambda: pooled(emb).wait(), reps)
+        both = _median_s(lambda: pooled(emb).wait().sum().backward(), reps)
+        sent = BATCH * dim // world * 4 * (world - 1)
+        rows["output_dist_fwd"].append((sent, fwd))
+        rows["output_dist_bwd"].append((sent, max(both - fwd, 0.0)))
+    if rank == 0:
+        for kind, pts in rows.items():
+            x, y = np.array(pts).T
+            b, a = np.polyfit(x, y, 1)
+            print(f"{kind:<16} " + "  ".join(f"{xi / 1e3:.0f} KB {yi * 1e3:.3f} ms" for xi, yi in pts))
+            print(f"{'':<16} fit: {a * 1e3:.3f} ms + {b * 1e9:.2f} ns/B")
+    dist.destroy_process_group()
+    os._exit(0)  # gloo's threads can abort an orderly interpreter exit
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=25)
+    args = ap.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_rank, args=(2, port, args.reps), nprocs=2, join=True)
+
+
+if __name__ == "__main__":
+    main()

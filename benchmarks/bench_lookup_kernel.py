@@ -1,0 +1,57 @@
+"""What FBGEMM's CPU lookup costs per pooled output element: the source of `kernels.CPU_BAG_WEIGHT`.
+
+The same ids (32 k drawn from 100 k rows) are pooled into 256 to 16 k bags at dims 32, 64 and 128,
+through one fused EXACT_ROWWISE_ADAGRAD table on one thread (as a rank runs); forward and backward
+are timed apart (median of 20) and a line through bags·dim gives the cost per output element. Row-wise
+sharding writes every rank's bags on every rank, so this term is what makes it dearer per id.
+
+    .venv/bin/python benchmarks/bench_lookup_kernel.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice, EmbeddingLocation,
+                                                                     SplitTableBatchedEmbeddingBagsCodegen)
+
+from sparselift.kernels import CPU_BAG_WEIGHT
+
+IDS, ROWS = 32768, 100_000
+PER_ID_S = {"lookup_fwd": 3.2e-9, "lookup_bwd": 11e-9}  # the kernels.py fits μ is relative to
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    points = []
+    for dim in (32, 64, 128):
+        tbe = SplitTableBatchedEmbeddingBagsCodegen([(ROWS, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+                                                    optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01)
+        for bags in (16384, 8192, 2048, 256):
+            ids = torch.randint(0, ROWS, (IDS,))
+            offsets = torch.arange(0, IDS + 1, IDS // bags)
+            grad = torch.ones(bags, dim)
+            fwd, bwd = [], []
+            for _ in range(25):
+                t0 = time.perf_counter()
+                out = tbe(ids, offsets)
+                t1 = time.perf_counter()
+                out.backward(grad)
+                fwd.append(t1 - t0)
+                bwd.append(time.perf_counter() - t1)
+            points.append((bags * dim, statistics.median(fwd[5:]), statistics.median(bwd[5:])))
+            print(f"dim {dim:>3} bags {bags:>5}: forward {points[-1][1] * 1e3:.3f} ms, "
+                  f"backward {points[-1][2] * 1e3:.3f} ms", flush=True)
+    x = np.array([p[0] for p in points], float)
+    for col, kind in ((1, "lookup_fwd"), (2, "lookup_bwd")):
+        b, a = np.polyfit(x, np.array([p[col] for p in points]), 1)
+        print(f"{kind}: {b * 1e9:.2f} ns per output element = {b / PER_ID_S[kind]:.2f} ids "
+              f"(kernels.CPU_BAG_WEIGHT {CPU_BAG_WEIGHT[kind]})")
+
+
+if __name__ == "__main__":
+    main()
