@@ -6,7 +6,7 @@ per-byte cost by itself; the calibration takes the fixed cost measured here. Tim
 forward and forward+backward) over sizes from kilobytes to megabytes, one thread per rank as the
 launcher sets, and prints median times and the line a + b·bytes through them.
 
-    .venv/bin/python benchmarks/bench_dist_calls.py [--reps 25]
+    .venv/bin/python benchmarks/bench_dist_calls.py [--reps 25] [--quick]
 """
 
 from __future__ import annotations
@@ -77,7 +77,10 @@ def _rank(rank: int, world: int, port: int, reps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=25)
+    ap.add_argument("--quick", action="store_true", help="5 calls a size")
     args = ap.parse_args()
+    if args.quick:
+        args.reps = 5
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -5,11 +5,12 @@ through one fused EXACT_ROWWISE_ADAGRAD table on one thread (as a rank runs); fo
 are timed apart (median of 20) and a line through bags·dim gives the cost per output element. Row-wise
 sharding writes every rank's bags on every rank, so this term is what makes it dearer per id.
 
-    .venv/bin/python benchmarks/bench_lookup_kernel.py
+    .venv/bin/python benchmarks/bench_lookup_kernel.py [--quick]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -26,6 +27,9 @@ PER_ID_S = {"lookup_fwd": 3.2e-9, "lookup_bwd": 11e-9}  # the kernels.py fits μ
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="5 calls a size")
+    reps = 5 if ap.parse_args().quick else 20
     torch.set_num_threads(1)
     points = []
     for dim in (32, 64, 128):
@@ -36,7 +40,7 @@ def main() -> None:
             offsets = torch.arange(0, IDS + 1, IDS // bags)
             grad = torch.ones(bags, dim)
             fwd, bwd = [], []
-            for _ in range(25):
+            for _ in range(reps + 5):
                 t0 = time.perf_counter()
                 out = tbe(ids, offsets)
                 t1 = time.perf_counter()
