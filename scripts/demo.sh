@@ -9,7 +9,7 @@ sl=.venv/bin/sparselift
 rounds=${DEMO_ROUNDS:-3}
 
 echo "== 1/5 profile: 3 steps of DMP training on 2 ranks"
-$sl profile --workload tiny --nproc 2 --steps 3 --warmup 5 --out "$out/profile" --force
+$sl profile --workload tiny --nproc 2 --steps 8 --warmup 5 --out "$out/profile" --force
 echo "== 2/5 analyze: sparse-path graph, summary, calibration, HTML report"
 $sl analyze "$out/profile" --html "$out/report.html"
 echo "== 3/5 optimize: CP-SAT plan from the profile"

@@ -32,6 +32,7 @@ CPU_BAG_WEIGHT = {"lookup_fwd": 0.22, "lookup_bwd": 0.06}  # μ: one pooled outp
 # (benchmarks/bench_dist_calls.py): 0.85 ms + 1.8 ns/B, 0.34 ms + 1.6 ns/B, 0.50 ms + 2.2 ns/B.
 CPU_CALL_S = {"lookup_fwd": 1.9e-4, "lookup_bwd": 1.1e-4,
               "input_dist": 8.5e-4, "output_dist_fwd": 3.4e-4, "output_dist_bwd": 5.0e-4}
+CPU_DIST_B_S = 2e-9  # seconds per byte of a distribution call, host work and wire together
 
 
 def lookup_work(kind: str, device: str, ids: float, unique: float, dim: float, bag_elems: float = 0.0) -> float:

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from sparselift.optimizer.calibration import coefficients
+from sparselift.optimizer.calibration import Linear, coefficients
 from sparselift.optimizer.cost_model import CostModel, Globals
 from sparselift.optimizer.optimize import Inputs, choose_precision, feasible_classes, optimize
 from sparselift.optimizer.solver import Problem, solve
@@ -121,6 +121,10 @@ def test_cpu_does_not_pick_options_that_do_not_pay():
     res = optimize(inp, time_limit_s=10)
     assert res.plan.pipeline == "base"  # no second stream on CPU: sparse-dist hides nothing
     assert (res.plan.comm_precision.forward, res.plan.comm_precision.backward) == ("fp32", "fp32")
+    # a calibration whose per-byte distribution cost is high (host work around gloo, measured: fp16
+    # qcomm no faster) still does not make 16-bit pay: only the wire's share of a byte is halved
+    costly = coefficients(topo).replace(output_dist_fwd=Linear(3e-4, 4e-8), output_dist_bwd=Linear(5e-4, 4e-8))
+    assert choose_precision(CostModel(topo, 128, costly)) == Globals("fp32", "fp32")
     # a network between hosts makes fp16 pay, from the same coefficients
     multi = CostModel(preset("h100x8", 16), 512, coefficients(preset("h100x8", 16)))
     assert choose_precision(multi) == Globals("fp16", "bf16")

@@ -15,6 +15,7 @@ from typing import Any
 
 from sparselift.errors import UserError
 from sparselift.jsonfile import read_versioned
+from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S
 from sparselift.optimizer.topology import Topology
 
 FORMAT = "sparselift-calibration"
@@ -41,6 +42,8 @@ class Coefficients:
     output_dist_fwd: Linear  # x = bytes of pooled embeddings moved by the rank (intra-host)
     output_dist_bwd: Linear
     dp_allreduce: Linear  # x = ring-allreduce bytes per rank
+    wire_b_s: float  # seconds per byte on the wire inside a host: the part of a collective's
+    #                  per-byte cost that lower precision saves (host work per byte stays)
     inter_host_b_s: float  # seconds per byte that crosses hosts (any collective)
     dense_grad_b_s: float  # dense-kernel optimizer: seconds per element of the whole table
     uvm_miss_b_s: float  # extra seconds per element gathered from host memory (UVM cache miss)
@@ -56,22 +59,24 @@ class Coefficients:
 
 
 # (seconds per call, seconds per work unit), measured for fbgemm's CPU TBE (see sparselift/kernels.py)
-CPU_LOOKUP = {"lookup_fwd": (1.9e-4, 3.2e-9), "lookup_bwd": (1.1e-4, 1.1e-8)}
+CPU_LOOKUP = {k: (CPU_CALL_S[k], b) for k, b in (("lookup_fwd", 3.2e-9), ("lookup_bwd", 1.1e-8))}
 
 
 def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
     lookup_b = 1.0 / topo.lookup_rate
     comm = Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw)
+    dist = {k: comm for k in ("input_dist", "output_dist_fwd", "output_dist_bwd")}
     if topo.device == "cuda":
         fwd = Linear(topo.kernel_latency_s, lookup_b)
         bwd = Linear(topo.kernel_latency_s, lookup_b * topo.bwd_multiplier)
-    else:  # FBGEMM's CPU kernels, per unit of `sparselift.kernels.lookup_work`
+    else:  # FBGEMM's CPU kernels per unit of `sparselift.kernels.lookup_work`; TorchRec's dist calls
         fwd, bwd = Linear(*CPU_LOOKUP["lookup_fwd"]), Linear(*CPU_LOOKUP["lookup_bwd"])
+        dist = {k: Linear(CPU_CALL_S[k], CPU_DIST_B_S) for k in dist}
     return Coefficients(
-        lookup_fwd=fwd, lookup_bwd=bwd,
-        input_dist=comm, output_dist_fwd=comm, output_dist_bwd=comm,
+        lookup_fwd=fwd, lookup_bwd=bwd, **dist,
         dp_allreduce=Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw),
-        inter_host_b_s=1.0 / topo.inter_host_bw,
+        wire_b_s=1.0 / topo.intra_host_bw,
+        inter_host_b_s=max(1.0 / topo.inter_host_bw, 1.0 / topo.intra_host_bw),
         dense_grad_b_s=lookup_b,  # the dense kernel touches every row: a gather-like pass per element
         uvm_miss_b_s=(4.0 / topo.hbm_to_ddr_bw) if topo.hbm_to_ddr_bw else 0.0,
         quantize_b_s=1.0 / topo.quant_rate,

@@ -207,8 +207,10 @@ class CostModel:
         ff, fb = PRECISION_FACTOR[fwd], PRECISION_FACTOR[bwd]
 
         def out(intra: float, inter: float, b: float, f: float) -> float:
-            t_ = f * (b * intra + k.inter_host_b_s * inter)
-            if f < 1.0:  # quantize at the sender and dequantize at the receiver, per element
+            t_ = b * intra + k.inter_host_b_s * inter
+            if f < 1.0:  # fewer bytes on the wire (host work per byte stays); quantize at the
+                # sender and dequantize at the receiver, per element
+                t_ -= (1.0 - f) * (min(b, k.wire_b_s) * intra + k.inter_host_b_s * inter)
                 t_ += 2.0 * k.quantize_b_s * (intra + inter) / FLOAT_BYTES
             return t_
 

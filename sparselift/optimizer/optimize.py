@@ -40,15 +40,16 @@ class Result:
 def choose_precision(model: CostModel) -> Globals:
     """fp16 forward / bf16 backward where halving the bytes saves more than (de)quantizing costs.
 
-    Per fp32 byte sent, 16-bit costs b/2 + q/2 (q: seconds per element quantized, at both ends)
-    against b: a plan-independent comparison (both scale with the same bytes), so it is decided
-    before the solve. b is the bytes' link: inside the host on one host, the network otherwise.
+    Per fp32 byte sent, 16-bit saves half its wire time w/2 and costs q/2 (q: seconds per element
+    quantized, at both ends): a plan-independent comparison (both scale with the same bytes), so it
+    is decided before the solve. w is the bytes' link: inside the host on one host (never more than
+    the call's whole per-byte cost; host work per byte is not halved), the network otherwise.
     """
     k, multi = model.coeffs, model.topo.num_hosts > 1
 
     def pays(b_intra: float) -> bool:
-        b = k.inter_host_b_s if multi else b_intra
-        return k.quantize_b_s < b
+        wire = k.inter_host_b_s if multi else min(b_intra, k.wire_b_s)
+        return k.quantize_b_s < wire
 
     return Globals(forward="fp16" if pays(k.output_dist_fwd.b_s) else "fp32",
                    backward="bf16" if pays(k.output_dist_bwd.b_s) else "fp32")

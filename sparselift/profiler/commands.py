@@ -17,7 +17,7 @@ OUR_FILES = ("rank*.trace.json.gz", "rank*.et.json", "manifest.json", "access_st
 def register(sub) -> None:
     p = sub.add_parser("profile", help="profile a few steps of sharded training into a profile directory")
     add_training_args(p)
-    p.set_defaults(steps=3)
+    p.set_defaults(steps=8)  # the calibration fits on the quieter half of the profiled steps
     p.add_argument("--plan", default=None, help="a SparseLift plan file (default: TorchRec's planner)")
     p.add_argument("--out", required=True, metavar="DIR", help="profile directory to write")
     p.add_argument("--force", action="store_true", help="write into a non-empty DIR (replacing a profile there)")
