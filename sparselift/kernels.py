@@ -22,6 +22,8 @@ from functools import lru_cache
 
 import numpy as np
 
+ID_BYTES, LENGTH_BYTES, FLOAT_BYTES = 8, 4, 4  # an id, a bag length, an embedding element
+
 CPU_UNIQUE_WEIGHT = {"lookup_fwd": 5.0, "lookup_bwd": 41.0}  # κ: one unique row costs κ ids
 CPU_BAG_WEIGHT = {"lookup_fwd": 0.22, "lookup_bwd": 0.06}  # μ: one pooled output element costs μ ids
 

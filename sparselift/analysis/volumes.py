@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-ID_BYTES, LENGTH_BYTES, FLOAT_BYTES = 8, 4, 4
+from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES
 SHARDED = ("table_wise", "column_wise", "row_wise", "table_row_wise")
 
 

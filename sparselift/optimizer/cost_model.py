@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
-from sparselift.kernels import expected_unique, lookup_work
+from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES, expected_unique, lookup_work
 from sparselift.optimizer.calibration import Coefficients
 from sparselift.optimizer.space import (CW, DENSE, DP, RW, TW, TWRW, UVM_CACHING, Choice, OptionClass)
 from sparselift.optimizer.stats import TableStats
@@ -40,7 +40,6 @@ COMPUTE_PHASES = ("lookup_fwd", "lookup_bwd")
 NV = len(PHASES) + 2  # phase times, then hbm and ddr bytes
 HBM, DDR = len(PHASES), len(PHASES) + 1
 PRECISION_FACTOR = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5}
-ID_BYTES, LENGTH_BYTES, FLOAT_BYTES = 8, 4, 4
 
 Vec = tuple[float, ...]
 
