@@ -1,6 +1,8 @@
 """What an embedding lookup costs, in the unit both the calibration and the cost model count.
 
-On GPUs a table-batched lookup moves `ids·dim` elements through memory, so that is its unit. FBGEMM's
+On GPUs a table-batched lookup moves elements through memory: it reads the ids (8 bytes, two
+elements each), gathers `ids·dim` (a row occupies 32 lanes at least) and writes `bags·dim` pooled
+outputs, so their sum is its unit. FBGEMM's
 CPU kernels behave differently; measured on this project's CPU machines (one thread, fused
 EXACT_ROWWISE_ADAGRAD, dims 16 and 64, 300–33 k unique rows, 1 k–100 k ids; fits within 9 % (bwd)
 and 25 % (fwd)):
@@ -40,8 +42,8 @@ CPU_DIST_B_S = 2e-9  # seconds per byte of a distribution call, host work and wi
 def lookup_work(kind: str, device: str, ids: float, unique: float, dim: float, bag_elems: float = 0.0) -> float:
     """Units of work of one lookup call (`kind` lookup_fwd / lookup_bwd) on `device`; `bag_elems`
     the pooled output elements it writes (bags × dim summed over its tables)."""
-    if device == "cuda":
-        return ids * dim
+    if device == "cuda":  # read the ids (8 B = 2 elements), gather rows (32 lanes at least), write bags
+        return ids * (2.0 + max(dim, 32.0)) + bag_elems
     return ids + CPU_UNIQUE_WEIGHT[kind] * unique + CPU_BAG_WEIGHT[kind] * bag_elems
 
 

@@ -20,8 +20,12 @@ def test_expected_unique_matches_a_recount(rows, alpha, draws):
 
 
 def test_units_by_device():
-    assert lookup_work("lookup_bwd", "cuda", 100, 10, 64) == 6400
+    # GPU: elements moved — ids read, rows gathered (32 lanes at least), bags written
+    assert lookup_work("lookup_bwd", "cuda", 100, 10, 64, bag_elems=640) == 100 * 66 + 640
+    assert lookup_work("lookup_bwd", "cuda", 100, 10, 8) == lookup_work("lookup_bwd", "cuda", 100, 10, 32)
+    # CPU: per id and distinct row whatever the dim; pooled outputs add a little
     assert lookup_work("lookup_bwd", "cpu", 100, 10, 64) == lookup_work("lookup_bwd", "cpu", 100, 10, 8) > 100
+    assert lookup_work("lookup_fwd", "cpu", 100, 10, 64, bag_elems=640) > lookup_work("lookup_fwd", "cpu", 100, 10, 64)
 
 
 def test_a_lookup_fit_in_another_unit_is_not_used():

@@ -55,16 +55,17 @@ def test_predict_plan_of_round_robin_and_balance():
 
 
 def test_column_shards_split_lookup_work_on_gpu_not_on_cpu():
+    wide = TableStats("wide", 4000, 128, 3.0, zipf_alpha=1.1, feature_names=("wide",))
     for device in ("h100x8", "cpu-gloo"):
         topo = preset(device, 2 if device == "cpu-gloo" else 8)
         m = CostModel(topo, 64, coefficients(topo))
-        tw, cw = m.terms(T[0], OptionClass(TW, "fused")), m.terms(T[0], OptionClass(CW, "fused", 2))
+        tw, cw = m.terms(wide, OptionClass(TW, "fused")), m.terms(wide, OptionClass(CW, "fused", 2))
         fwd, bwd = cw.own[1] / tw.own[1], cw.own[4] / tw.own[4]  # lookup per shard ÷ whole table
-        if device == "h100x8":  # GPU lookups move ids·dim: half the columns, half the work
-            assert fwd == pytest.approx(0.5) and bwd == pytest.approx(0.5)
+        if device == "h100x8":  # GPU lookups move elements: half the columns, about half the work
+            assert 0.5 < fwd < 0.55 and 0.5 < bwd < 0.55
         else:  # FBGEMM's CPU kernels pay every id and distinct row again; only the outputs halve
             assert 0.5 < fwd < 1 and 0.9 < bwd < 1
-        assert cw.remote_intra[0] == pytest.approx(tw.remote_intra[0])  # ids go to every shard
+        assert cw.own[0] == pytest.approx(tw.own[0])  # every shard receives all the ids
 
 
 def test_cpu_backward_is_paid_per_distinct_row():

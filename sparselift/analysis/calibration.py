@@ -128,7 +128,7 @@ def lookup_work(nodes: pd.DataFrame, access: pd.DataFrame | None, plan_tables: p
 def call_samples(nodes: pd.DataFrame, world_size: int) -> pd.DataFrame:
     """One sample per call: (rank, step, kind, group) with the call's x and exposed main-thread time y.
 
-    A call is one sharding-type group's TBE kernel (lookups: y = its compute, x = ids·dim) or its
+    A call is one sharding-type group's TBE kernel (lookups: y = its compute, x = its work units) or its
     distribution (input_dist: splits + lengths + values all-to-alls and permutes; output_dist: the
     pooled collective): y = compute + wait on the main thread, x = bytes its collectives send.
     Module-wide work outside any group (sharding "*") is spread over the step's groups.

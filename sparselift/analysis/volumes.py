@@ -1,4 +1,4 @@
-"""Bytes each rank sends in the sparse path, counted from the plan and the profiled ids.
+"""Bytes each rank moves in the sparse path, counted from the plan and the profiled ids.
 
 A trace records each collective's whole tensor, not how it splits over peers, so with an unbalanced
 table-wise plan it cannot say which rank sent more. The plan and the per-rank id counts can, and
@@ -17,9 +17,11 @@ SHARDED = ("table_wise", "column_wise", "row_wise", "table_row_wise")
 
 
 def dist_bytes(access: pd.DataFrame, plan_tables: pd.DataFrame, manifest: dict[str, Any]) -> pd.DataFrame:
-    """One row per (rank, step, kind, group): bytes that rank sends for that sharding-type group's
-    input_dist, output_dist_fwd and output_dist_bwd (one host; gloo's row-wise output is a ring
-    all-reduce of the whole output, its backward an all-gather)."""
+    """One row per (rank, step, kind, group): bytes that rank moves for that sharding-type group's
+    input_dist, output_dist_fwd and output_dist_bwd (one host): a table-wise or column-wise shard's
+    rank sends its outputs and receives every other rank's ids and gradients; row-wise shards send
+    their share, and gloo's row-wise output is a ring all-reduce of the whole output, its backward
+    an all-gather."""
     world, batch = int(manifest["world_size"]), int(manifest.get("batch_size") or 0)
     feats = {t["name"]: max(1, len(t.get("feature_names") or [])) for t in manifest.get("tables") or []
              if isinstance(t, dict) and "name" in t}
@@ -38,14 +40,13 @@ def dist_bytes(access: pd.DataFrame, plan_tables: pd.DataFrame, manifest: dict[s
         for step in steps:
             for r in range(world):
                 idb = float(ids.get((table, r, step), 0.0)) * ID_BYTES + lengths
-                if st in ("table_wise", "column_wise"):
-                    for owner, cols in zip(sh["rank"], sh["cols"]):
+                if st in ("table_wise", "column_wise"):  # counted at the shard's rank, which
+                    for owner, cols in zip(sh["rank"], sh["cols"]):  # receives ids and gradients
                         out = batch * cols * FLOAT_BYTES
-                        if owner == r:
-                            add(r, step, "output_dist_fwd", st, (world - 1) * out)
-                        else:
-                            add(r, step, "input_dist", st, idb)
-                            add(r, step, "output_dist_bwd", st, out)
+                        add(owner, step, "output_dist_fwd", st, 0.0 if owner == r else out)
+                        if owner != r:
+                            add(owner, step, "input_dist", st, idb)
+                            add(owner, step, "output_dist_bwd", st, out)
                 else:  # row-wise buckets: every rank keeps 1/W of its ids
                     out = batch * float(sh["cols"].max()) * FLOAT_BYTES
                     add(r, step, "input_dist", st, idb * (world - 1) / world)

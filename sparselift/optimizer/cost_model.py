@@ -12,8 +12,12 @@ phase times and memory bytes, depending only on whether the rank holds one of it
 sits on the same host as a shard ("remote_intra") or on another host ("remote_inter"). That makes
 every rank's load a linear expression of the choice variables.
 
-Two caches keep it incremental: resource *counts* per (table stats, option class) — ids·dim looked
-up, bytes sent intra/inter host, memory — and *terms* (counts × coefficients) per (stats, class,
+A collective's bytes are charged where it is unbalanced: a table-wise or column-wise shard's rank
+receives every rank's ids and output gradients and sends its outputs (ids spread over many owners
+leave the senders even), row-wise shards their even share.
+
+Two caches keep it incremental: resource *counts* per (table stats, option class) — lookup work,
+bytes moved intra/inter host, memory — and *terms* (counts × coefficients) per (stats, class,
 coefficients, precision). A changed table's stats miss only its own entries; a changed coefficient
 only re-multiplies cached counts. Fixed per-call costs (the a_s of a fit) are counted once per
 sharding-type group present (one all-to-all / one TBE per group, as TorchRec batches them).
@@ -48,7 +52,7 @@ Vec = tuple[float, ...]
 class Counts:
     """What one rank does for one shard of a table, before any coefficient."""
 
-    ids_intra: float = 0.0  # input_dist bytes sent inside the host
+    ids_intra: float = 0.0  # input_dist bytes moved inside the host
     ids_inter: float = 0.0
     lookup_x: float = 0.0  # ids·dim gathered (fwd) and scattered (bwd)
     fwd_work: float = 0.0  # lookup work units (`sparselift.kernels.lookup_work`), forward
@@ -168,10 +172,13 @@ class CostModel:
             hbm, ddr, dense_x = memory(N, cols)
             lx = W * B * p * cols
             out = B * cols * FLOAT_BYTES
-            own = Counts(lookup_x=lx, miss_x=miss(lx), out_fwd_intra=(L - 1) * out, out_fwd_inter=(W - L) * out,
+            # the shard's rank receives every other rank's ids and gradients: with ids spread over
+            # many owners, the receiving side is where an all-to-all is unbalanced
+            own = Counts(lookup_x=lx, miss_x=miss(lx), ids_intra=(L - 1) * idb, ids_inter=(W - L) * idb,
+                         out_fwd_intra=(L - 1) * out, out_fwd_inter=(W - L) * out,
+                         out_bwd_intra=(L - 1) * out, out_bwd_inter=(W - L) * out,
                          dense_grad_x=dense_x, hbm=hbm, ddr=ddr, **work(W * B * p, unique(W * B * p), cols))
-            return ClassCounts("rank", c.shards, own, Counts(ids_intra=idb, out_bwd_intra=out),
-                               Counts(ids_inter=idb, out_bwd_inter=out))
+            return ClassCounts("rank", c.shards, own, zero, zero)
         if c.sharding_type == RW:
             hbm, ddr, dense_x = memory(N / W, d)
             out = B * d * FLOAT_BYTES
