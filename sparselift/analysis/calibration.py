@@ -1,7 +1,7 @@
 """Fitted cost coefficients per op kind (calibration.json, the optimizer's input).
 
 duration_s ≈ a_s + b_s · x per op kind and call (units in docs/CONTRACTS.md), fitted on the quieter
-half of the profiled steps. Distribution calls count the bytes each rank sends as the plan splits
+half of the profiled steps. Distribution calls count the bytes each rank moves as the plan splits
 them (`volumes`), the same count the optimizer's cost model uses, and are fitted on the rank that
 waited least, so that waiting for a slow peer is not mistaken for bandwidth. A profile sees about
 one size per call, so each call's fixed cost comes from measuring that call on its own
@@ -157,7 +157,7 @@ def call_samples(nodes: pd.DataFrame, world_size: int) -> pd.DataFrame:
 
 
 def _with_plan_bytes(calls: pd.DataFrame, sent: pd.DataFrame) -> pd.DataFrame:
-    """Distribution calls' x: the bytes each rank sends as the plan splits them (`volumes`), where
+    """Distribution calls' x: the bytes each rank moves as the plan splits them (`volumes`), where
     counted; the trace's even-split estimate elsewhere."""
     keys = ["rank", "step", "kind", "group"]
     m = calls.merge(sent.rename(columns={"x": "plan_x"}), on=keys, how="left")
@@ -190,7 +190,7 @@ def fit_ops(calls: pd.DataFrame, fixed: dict[str, float] | None = None) -> dict[
 
     Lookups: through the calls' medians per (rank, group): ranks and groups look up different
     amounts. Distributions: per (step, group), the exposed time of the rank that waited least (the
-    last to arrive: it did not wait for a slow peer) against the most any rank sent — a collective
+    last to arrive: it did not wait for a slow peer) against the most any rank moved — a collective
     ends together on every rank, so its time goes with the largest share.
     """
     ops = {}

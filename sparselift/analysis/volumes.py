@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES
+
 SHARDED = ("table_wise", "column_wise", "row_wise", "table_row_wise")
 
 
