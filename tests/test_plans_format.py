@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -44,11 +45,15 @@ def test_save_is_byte_identical_and_canonical(tmp_path):
 def test_save_is_atomic_and_refuses_invalid_plans(tmp_path):
     p = round_robin(2)
     p.tables[0].ranks = [7]
-    with pytest.raises(PlanError):
+    with pytest.raises(PlanError, match="rank 7"):
         plans.save(p, tmp_path / "bad.json")
     assert list(tmp_path.iterdir()) == []
     plans.save(round_robin(2), tmp_path / "ok.json")
     assert [f.name for f in tmp_path.iterdir()] == ["ok.json"]
+    # the usual file mode (not the temp file's 0600): a trainer running as another user reads it
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "ok.json").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_plan_error_is_user_error():

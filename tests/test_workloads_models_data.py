@@ -48,15 +48,17 @@ def write_criteo_day(root, day: int, n: int, seed: int = 0) -> None:
 def test_criteo_day_files_are_read_and_hashed(tmp_path):
     write_criteo_day(tmp_path, 0, 300)
     write_criteo_day(tmp_path, 1, 300, seed=1)
-    it = criteo_batches(tmp_path, batch_size=64, rank=1, world_size=2, max_rows=1000)
+    tables = load_workload("criteo-kaggle").capped(1000).tables
+    it = criteo_batches(tmp_path, batch_size=64, rank=1, world_size=2, table_rows=[t.num_embeddings for t in tables])
     seen = [next(it) for _ in range(12)]  # more than one pass: the stream is endless
     b = seen[0]
     assert b.dense_features.shape == (64, 13) and b.labels.shape == (64,)
     assert b.sparse_features.keys() == [f"cat_{i}" for i in range(26)]
-    assert int(b.sparse_features.values().max()) < 1000
+    for t in tables:  # every feature's ids fit its own table, small ones (cat_5: 24 rows) too
+        assert int(b.sparse_features[t.name].values().max()) < t.num_embeddings, t.name
     assert torch.equal(b.sparse_features.lengths(), torch.ones(64 * 26, dtype=b.sparse_features.lengths().dtype))
     raw = np.load(tmp_path / "day_0_dense.npy")
-    assert not np.allclose(b.dense_features.numpy(), raw[:64])  # rank 1 reads its own share
+    np.testing.assert_array_equal(b.dense_features.numpy(), raw[64:128])  # rank 1 reads its own share
 
 
 def test_criteo_bad_directories(tmp_path):

@@ -97,7 +97,7 @@ def lookup_work(nodes: pd.DataFrame, access: pd.DataFrame | None, plan_tables: p
     from sparselift.kernels import expected_unique, lookup_work as work
 
     look = nodes[nodes["kind"].isin(("lookup_fwd", "lookup_bwd"))]
-    if access is None or access.empty or device == "cuda":
+    if access is None or access.empty:
         return pd.Series([work(k, device, i, 0.0, x / max(i, 1)) for k, i, x in
                           zip(look["kind"], look["ids"].fillna(0), look["x"].fillna(0))], index=look.index)
     per = access.groupby(["table", "rank"])["ids"].mean()

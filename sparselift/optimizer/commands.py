@@ -78,6 +78,8 @@ def run_optimize(args: argparse.Namespace) -> int:
     from sparselift.optimizer.optimize import optimize
     from sparselift.optimizer.torchrec_baseline import torchrec_plan_timed
 
+    if args.min_gain < 0:  # before TorchRec's planner runs (up to minutes)
+        raise UserError(f"--min-gain must be >= 0, got {args.min_gain}")
     inp = _inputs(args)
     topo = inp.topo
     print(f"planning {len(inp.stats)} tables for {topo.world_size} ranks ({topo.num_hosts} host(s), "
@@ -91,8 +93,6 @@ def run_optimize(args: argparse.Namespace) -> int:
                                                     informed=False)
         print(f"TorchRec's planner, as a trainer calls it by default: {status} in {secs:.1f} s")
     print("solving (CP-SAT):")
-    if args.min_gain < 0:
-        raise UserError(f"--min-gain must be >= 0, got {args.min_gain}")
     res = optimize(inp, time_limit_s=args.time_limit, seed=args.seed, workers=args.workers, mode=args.mode,
                    baseline=baseline, progress=lambda line: print(line, flush=True), min_gain=args.min_gain,
                    other_baselines=(default,) if default is not None else ())

@@ -308,14 +308,10 @@ def build_aggregate(p: Problem) -> Built:
         for c in p.classes[s.name]:
             tm = p.terms(s.name, c)
             v = use[s.name, c]
+            total = _over_ranks(tm, c, W, L)
             for i in range(NV):
                 scale = NS if i < len(PHASES) else 1
-                if tm.located == "all":
-                    tot = W * tm.own[i]
-                elif tm.located == "host":
-                    tot = L * tm.own[i] + (W - L) * tm.remote_inter[i]
-                else:
-                    tot = c.shards * (tm.own[i] + (L - 1) * tm.remote_intra[i] + (W - L) * tm.remote_inter[i])
+                tot = total[i]
                 avg[i].append(int(round(tot * scale)) * v)
                 worst[i] = max(worst[i], tot * scale)
                 if i < len(PHASES) and tm.located != "all" and tm.own[i] * W > tot:
@@ -355,6 +351,15 @@ def build_aggregate(p: Problem) -> Built:
     return Built(m, use, {}, sparse_dist, k.dense_step_s, "decomposed")
 
 
+def _over_ranks(tm: Terms, c: OptionClass, W: int, L: int) -> list[float]:
+    """One table option's phase times and memory summed over all ranks."""
+    if tm.located == "all":
+        return [W * x for x in tm.own]
+    if tm.located == "host":
+        return [L * o + (W - L) * r for o, r in zip(tm.own, tm.remote_inter)]
+    return [c.shards * (o + (L - 1) * ri + (W - L) * re) for o, ri, re in zip(tm.own, tm.remote_intra, tm.remote_inter)]
+
+
 def cheapest_average(p: Problem) -> dict[str, Choice]:
     """Each table's class with the least average per-rank time, memory-lightest first on ties."""
     topo = p.topo
@@ -362,10 +367,7 @@ def cheapest_average(p: Problem) -> dict[str, Choice]:
     out = {}
     for s in p.stats:
         def key(c: OptionClass) -> tuple:
-            tm = p.terms(s.name, c)
-            n = c.shards if tm.located == "rank" else 1
-            tot = [W * tm.own[i] if tm.located == "all" else
-                   n * (tm.own[i] + (L - 1) * tm.remote_intra[i] + (W - L) * tm.remote_inter[i]) for i in range(NV)]
+            tot = _over_ranks(p.terms(s.name, c), c, W, L)
             return (sum(tot[:len(PHASES)]), tot[HBM] + tot[DDR], c)
         out[s.name] = Choice(min(p.classes[s.name], key=key))
     return out
@@ -463,8 +465,12 @@ def solve(p: Problem, *, time_limit_s: float = 30.0, seed: int = 0, workers: int
     if placements(p) > EXACT_MAX_PLACEMENTS:
         return solve_once(p, time_limit_s=time_limit_s, seed=seed, workers=workers, mode="decomposed",
                           progress=progress)
-    first = solve_once(p, time_limit_s=0.3 * time_limit_s, seed=seed, workers=workers, mode="decomposed",
-                       progress=progress)
+    try:
+        first = solve_once(p, time_limit_s=0.3 * time_limit_s, seed=seed, workers=workers, mode="decomposed",
+                           progress=progress)
+    except UserError:  # the decomposition's greedy placement or memory margin found no room: exact may
+        return solve_once(p, time_limit_s=time_limit_s, seed=seed, workers=workers, mode="exact",
+                          progress=progress)
     g = lambda s: Globals(p.globals.forward, p.globals.backward, s.pipeline)  # noqa: E731
     first_cost = p.model.evaluate(p.by_name, first.choices, g(first)).step_time_s
     hint = first.choices
@@ -477,7 +483,6 @@ def solve(p: Problem, *, time_limit_s: float = 30.0, seed: int = 0, workers: int
                            seed=seed, workers=workers, mode="exact", progress=progress)
     except UserError:
         return first
-    exact.bound_s = max(exact.bound_s, first.bound_s)  # both are valid lower bounds
     exact_cost = p.model.evaluate(p.by_name, exact.choices, g(exact)).step_time_s
     return exact if exact_cost <= first_cost else first
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import re
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from torchrec.datasets.criteo import CAT_FEATURE_COUNT, InMemoryBinaryCriteoIterDataPipe
 from torchrec.datasets.utils import Batch
@@ -39,13 +39,16 @@ def day_files(data_dir: str | Path) -> tuple[list[str], list[str], list[str]]:
 
 
 def criteo_batches(data_dir: str | Path, batch_size: int, rank: int, world_size: int,
-                   max_rows: int | None) -> Iterator[Batch]:
-    """Endless batches of this rank's share of the days, ids hashed into `max_rows` if given."""
+                   table_rows: Sequence[int]) -> Iterator[Batch]:
+    """Endless batches of this rank's share of the days, each feature's ids hashed into its table's
+    rows (`table_rows`, in feature order cat_0 … cat_25)."""
+    if len(table_rows) != CAT_FEATURE_COUNT:
+        raise UserError(f"--data needs a workload with {CAT_FEATURE_COUNT} tables (Criteo's cat_0 … cat_25), "
+                        f"got {len(table_rows)}")
     dense, sparse, labels = day_files(data_dir)
     pipe = InMemoryBinaryCriteoIterDataPipe(
         stage="train", dense_paths=dense, sparse_paths=sparse, labels_paths=labels,
-        batch_size=batch_size, rank=rank, world_size=world_size, drop_last=True,
-        hashes=[max_rows] * CAT_FEATURE_COUNT if max_rows else None,
+        batch_size=batch_size, rank=rank, world_size=world_size, drop_last=True, hashes=list(table_rows),
     )
     if len(pipe) == 0:
         raise UserError(f"--data {data_dir}: fewer than {batch_size * world_size} samples for one batch per rank")

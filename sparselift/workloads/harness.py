@@ -61,10 +61,11 @@ class TrainConfig:
 
             day_files(self.data)
         spec = load_workload(self.workload)
+        capped = spec.capped(self.max_rows)  # a bad --max-rows is refused here, before any rank starts
         if self.plan is not None:
             from sparselift import plans
 
-            plans.load(self.plan).check_spec(_fingerprint_tables(spec.capped(self.max_rows)), self.nproc)
+            plans.load(self.plan).check_spec(_fingerprint_tables(capped), self.nproc)
         return spec
 
 
@@ -194,7 +195,8 @@ def batches_for_rank(cfg: TrainConfig, spec: WorkloadSpec, rank: int, world_size
     if cfg.data:
         from sparselift.workloads.criteo import criteo_batches
 
-        return criteo_batches(cfg.data, cfg.batch_size or spec.batch_size, rank, world_size, cfg.max_rows)
+        return criteo_batches(cfg.data, cfg.batch_size or spec.batch_size, rank, world_size,
+                              [t.num_embeddings for t in spec.capped(cfg.max_rows).tables])
     from sparselift.workloads.batches import SyntheticBatches
 
     return iter(SyntheticBatches(spec, rank=rank, seed=cfg.seed, max_rows=cfg.max_rows,
