@@ -25,8 +25,13 @@ def test_analyze_writes_outputs(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(OUTPUTS)
     out = capsys.readouterr().out
     assert "sparse_compute" in out and "critical sparse path" in out
-    assert (prof / ".sparselift-cache").is_dir()  # parsed once, cached beside the profile
+    cache = prof / ".sparselift-cache"
+    assert cache.is_dir()  # parsed once, cached beside the profile
+    stamps = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     assert main(["analyze", str(prof), "--out", str(tmp_path / "out2")]) == 0  # from the cache
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps  # read, not rewritten
+    for name in ("nodes.parquet", "edges.parquet", "summary.parquet"):  # the same graph either way
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "out2" / name).read_bytes(), name
 
 
 def _truncate(p: Path):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from sparselift import plans
 from sparselift.cli import main
 
 
@@ -19,7 +20,8 @@ def test_same_inputs_same_bytes(tmp_path):
     assert _run("--workload", "tiny", "--out", str(b), "--time-limit", "5") == 0
     assert a.read_bytes() == b.read_bytes()
     plan = json.loads(a.read_text())
-    assert plan["solver"]["gap"] is not None and plan["predicted"]["step_time_s"] > 0
+    s = plan["solver"]
+    assert 0 <= s["gap"] < 1 and s["bound"] <= s["objective"] and plan["predicted"]["step_time_s"] > 0
 
 
 def test_what_if_gpu_topology_multi_host(tmp_path, capsys):
@@ -69,5 +71,10 @@ def test_plan_loads_and_trains(tmp_path):
 
     out = tmp_path / "p.json"
     assert _run("--workload", "tiny", "--out", str(out), "--time-limit", "5", "--no-baseline") == 0
-    result = run_training(TrainConfig(workload="tiny", nproc=2, steps=3, warmup=1, plan=str(out)))
-    assert result.steps_per_s > 0
+    result = run_training(TrainConfig(workload="tiny", nproc=2, steps=3, warmup=1, plan=str(out),
+                                      hook="rank_hooks:ShardingTypes"))
+    plan = plans.load(out)
+    got = result.ranks[0].extra["tables"]
+    for t in plan.tables:  # every table trained as the plan says
+        assert got[t.name]["sharding_type"] == t.sharding_type and got[t.name]["ranks"] == t.ranks, t.name
+    assert result.pipeline == plan.pipeline
