@@ -31,8 +31,7 @@ WORKLOADS = (("tiny", None), ("criteo-kaggle", 100_000))
 
 def write_plans(workload: str, max_rows: int | None, nproc: int, out: Path) -> tuple[Path, Path]:
     spec = load_workload(workload).capped(max_rows)
-    tables = [dict(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
-                   feature_names=list(t.features)) for t in spec.tables]
+    tables = spec.fingerprints()
     topo = plans.PlanTopology(nproc, nproc, "cpu" if not torch.cuda.is_available() else "cuda")
     model = build_model(spec, dense_device=torch.device("cpu"))
     tr = plans.from_torchrec(plans.torchrec_plan(model, topo, spec.batch_size), tables, topo)

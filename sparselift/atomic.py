@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -11,7 +12,7 @@ from typing import Any
 
 def write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -28,5 +29,16 @@ def _umask() -> int:
     return mask
 
 
+def json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode()
+
+
+def parquet_bytes(df: Any) -> bytes:
+    """A DataFrame as Parquet file bytes (built whole before anything is written)."""
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
 def write_json(path: str | Path, obj: Any) -> None:
-    write_bytes(path, (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode())
+    write_bytes(path, json_bytes(obj))

@@ -15,9 +15,7 @@ DLRM_EBC = "model.sparse_arch.embedding_bag_collection"
 
 
 def tiny_tables(max_rows: int | None = None) -> list[dict[str, Any]]:
-    spec = load_workload("tiny").capped(max_rows)
-    return [dict(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
-                 feature_names=list(t.features)) for t in spec.tables]
+    return load_workload("tiny").capped(max_rows).fingerprints()
 
 
 def round_robin(world: int = 2, max_rows: int | None = None) -> plans.Plan:

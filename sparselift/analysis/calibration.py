@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,6 @@ import pandas as pd
 
 from sparselift.analysis.volumes import dist_bytes
 from sparselift.errors import UserError
-from sparselift.jsonfile import read_versioned
 
 FORMAT = "sparselift-calibration"
 VERSION = 1
@@ -63,20 +61,6 @@ class Calibration:
                 "ops": {k: dataclasses.asdict(v) for k, v in self.ops.items()}, "dense_step_s": self.dense_step_s}
 
 
-def load_calibration(path: str | Path) -> Calibration:
-    """Read calibration.json (the optimizer's entry point); UserError naming the file when bad."""
-    p = Path(path)
-    d = read_versioned(p, FORMAT, VERSION, "calibration file")
-    try:
-        known = {f.name for f in dataclasses.fields(OpFit)}
-        ops = {k: OpFit(**{f: x for f, x in v.items() if f in known}) for k, v in d["ops"].items()}
-        return Calibration(device=d["device"], backend=d.get("backend"), world_size=int(d["world_size"]),
-                           batch_size=d.get("batch_size"), ops=ops, dense_step_s=float(d["dense_step_s"]),
-                           provenance=d.get("provenance") or {})
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"{p}: malformed calibration ({e})") from None
-
-
 def _sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
     """Bytes a collective sends off the rank, from its tensor size: an all-to-all keeps the rank's own
     chunk, a ring all-reduce (also gloo's stand-in for reduce-scatter) sends every other chunk twice
@@ -84,7 +68,7 @@ def _sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
     w = max(world_size, 1)
     op = coll["coll_op"].fillna("")
     factor = np.where(op.str.contains("gather"), w - 1,
-                      np.where(op.str.contains("all_reduce|allreduce"), 2 * (w - 1) / w, (w - 1) / w))
+                      np.where(op.str.contains("all_reduce"), 2 * (w - 1) / w, (w - 1) / w))
     return coll["bytes"].astype(float) * factor
 
 

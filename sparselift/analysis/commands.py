@@ -7,12 +7,12 @@ renamed, so bad input (exit 2) leaves no output behind.
 from __future__ import annotations
 
 import argparse
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from sparselift.analysis.names import SPARSE_STAGES
 from sparselift.errors import UserError
 
 OUTPUTS = ("nodes.parquet", "edges.parquet", "summary.parquet", "calibration.json")
@@ -49,7 +49,7 @@ def analyze(path: str | Path, cache: bool = True, progress=None) -> Analysis:
 
     prof = load_profile(path, cache=cache, progress=progress)
     graph = build_graph(prof.traces, prof.plan_tables)
-    sparse = graph.nodes["stage"].isin(("input_dist", "lookup", "output_dist"))
+    sparse = graph.nodes["stage"].isin(SPARSE_STAGES)
     for r, tr in enumerate(prof.traces):
         if not (sparse & (graph.nodes["rank"] == r)).any():
             raise UserError(f"{tr.path}: no sparse-path events (no TorchRec input_dist / lookup / output_dist "
@@ -62,16 +62,11 @@ def analyze(path: str | Path, cache: bool = True, progress=None) -> Analysis:
 
 def write_outputs(a: Analysis, out: Path) -> None:
     """All four files, each atomically; the bytes are all built before the first write."""
-    import json
+    from sparselift.atomic import json_bytes, parquet_bytes, write_bytes
 
-    from sparselift.atomic import write_bytes
-
-    blobs = {}
-    for name, df in (("nodes.parquet", a.nodes), ("edges.parquet", a.edges), ("summary.parquet", a.summary)):
-        buf = io.BytesIO()
-        df.to_parquet(buf, index=False)
-        blobs[name] = buf.getvalue()
-    blobs["calibration.json"] = (json.dumps(a.calibration.to_dict(), indent=1) + "\n").encode()
+    blobs = {name: parquet_bytes(df) for name, df in
+             (("nodes.parquet", a.nodes), ("edges.parquet", a.edges), ("summary.parquet", a.summary))}
+    blobs["calibration.json"] = json_bytes(a.calibration.to_dict())
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+SPARSE_STAGES = ("input_dist", "lookup", "output_dist")  # the sparse path's stages, in order
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # `[lookup]_[model.sparse_arch.ebc]_[table_wise]`, `[output_dist]_[...]_[...]`, `[splits_dist]_...`
 TAGGED = re.compile(r"^\[(?P<stage>[a-z_]+)\]_\[(?P<module>[^\]]*)\](?:_\[(?P<sharding>[a-z_]+)\])?")
@@ -49,11 +50,6 @@ def stage_of(name: str) -> str | None:
         if rx.search(name):
             return stage
     return None
-
-
-def is_weak(name: str) -> bool:
-    """`[output_dist_wait]` is placed by its context, not its name."""
-    return name.startswith("[output_dist_wait]")
 
 
 def collective_op(name: str) -> str:

@@ -15,10 +15,11 @@ import holoviews.plotting.bokeh  # noqa: F401 - registers the Bokeh backend that
 import numpy as np
 import pandas as pd
 
+from sparselift.analysis.names import SPARSE_STAGES
+
 SIZE = dict(width=720, height=320, tools=["hover"])
 # Main-thread parts add up to the step; sparse communication runs beside them (partly hidden).
 STEP_PARTS = ("sparse_compute_s", "dense_compute_s", "exposed_comm_s", "idle_s")
-SPARSE_STAGES = ("input_dist", "lookup", "output_dist")
 
 
 # ------------------------------------------------------------------------------------- profiles

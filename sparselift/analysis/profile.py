@@ -16,9 +16,10 @@ import pandas as pd
 from sparselift.analysis import names
 from sparselift.analysis.trace import Trace, load_trace
 from sparselift.errors import UserError
-from sparselift.jsonfile import read_json
+from sparselift.jsonfile import read_versioned
 
-PROFILE_FORMAT = "sparselift-profile"
+# as sparselift.profiler.manifest writes it (not imported: the profiler package pulls in torch)
+PROFILE_FORMAT, PROFILE_VERSION = "sparselift-profile", 1
 
 
 @dataclass
@@ -29,18 +30,12 @@ class Profile:
     access_stats: pd.DataFrame | None
     plan_tables: pd.DataFrame  # table, module, sharding_type, rank, rows, cols (one row per shard)
 
-    @property
-    def world_size(self) -> int:
-        return len(self.traces)
-
 
 def read_manifest(d: Path) -> dict[str, Any]:
     p = d / "manifest.json"
     if not p.is_file():
         raise UserError(f"{p}: missing (not a sparselift profile directory)")
-    m = read_json(p, "profile manifest")
-    if not isinstance(m, dict) or m.get("format") != PROFILE_FORMAT:
-        raise UserError(f"{p}: format is not {PROFILE_FORMAT!r}")
+    m = read_versioned(p, PROFILE_FORMAT, PROFILE_VERSION, "profile manifest")
     if not isinstance(m.get("world_size"), int) or m["world_size"] < 1:
         raise UserError(f"{p}: 'world_size' missing or not a positive integer")
     return m

@@ -271,7 +271,7 @@ def merge_same(nodes: pd.DataFrame) -> pd.DataFrame:
 def fill_modules(nodes: pd.DataFrame) -> pd.DataFrame:
     """Sparse nodes whose stack named no module (input-dist awaitables) take the step's only module
     and sharding for that stage when there is one; else `*` (they serve every sharding type)."""
-    sparse = nodes["stage"].isin(("input_dist", "lookup", "output_dist"))
+    sparse = nodes["stage"].isin(names.SPARSE_STAGES)
     for (step,), g in nodes[sparse].groupby(["step"]):
         known = g[g["module"].notna()]
         mods = known["module"].unique()
@@ -377,7 +377,7 @@ def attach_tables(nodes: pd.DataFrame, plan_tables: pd.DataFrame | None) -> pd.D
     if plan_tables is None or plan_tables.empty:
         return nodes
     for i, r in nodes.iterrows():
-        if r["stage"] not in ("input_dist", "lookup", "output_dist"):
+        if r["stage"] not in names.SPARSE_STAGES:
             continue
         pt = plan_tables
         if r["sharding"] not in (None, "*") and isinstance(r["sharding"], str):

@@ -12,6 +12,7 @@ import gzip
 import json
 import zlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ class Trace:
     events: pd.DataFrame  # COLUMNS; ts/dur/end in microseconds
     meta: dict[str, Any] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def is_cuda(self) -> bool:
         return bool(self.events["cat"].isin(GPU_CATS).any())
 
@@ -120,15 +121,11 @@ def load_trace(path: str | Path, cache: bool = True) -> Trace:
 
 def _write_cache(tr: Trace, key: dict, cdir: Path, cfile: Path, mfile: Path) -> None:
     """Best effort: a read-only profile directory just means no cache."""
-    from sparselift.atomic import write_bytes, write_json
+    from sparselift.atomic import parquet_bytes, write_bytes, write_json
 
     try:
         cdir.mkdir(exist_ok=True)
-        import io
-
-        buf = io.BytesIO()
-        tr.events.to_parquet(buf, index=False)
-        write_bytes(cfile, buf.getvalue())
+        write_bytes(cfile, parquet_bytes(tr.events))
         write_json(mfile, {"key": key, "rank": tr.rank, "world_size": tr.world_size, "meta": tr.meta})
     except OSError:
         pass

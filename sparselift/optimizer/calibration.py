@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparselift.analysis.calibration import FORMAT, UNITS, VERSION
 from sparselift.errors import UserError
 from sparselift.jsonfile import read_versioned
 from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S
 from sparselift.optimizer.topology import Topology
 
-FORMAT = "sparselift-calibration"
-LOOKUP_UNIT = "work"  # what analysis writes as the lookups' `x`
+LOOKUP_UNIT = UNITS["lookup_fwd"]  # what analysis writes as the lookups' `x`
 OP_KINDS = ("lookup_fwd", "lookup_bwd", "input_dist", "output_dist_fwd", "output_dist_bwd", "dp_allreduce")
 
 
@@ -87,9 +87,9 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
 
 
 def load_calibration(path: str | Path) -> dict[str, Any]:
-    """Read and check calibration.json; UserError names the file."""
+    """Read and check calibration.json (analysis writes it); UserError names the file."""
     where = str(path)
-    d = read_versioned(path, FORMAT, 1, "calibration file")
+    d = read_versioned(path, FORMAT, VERSION, "calibration file")
     if not isinstance(d.get("ops"), dict):
         raise UserError(f"{where}: a calibration file needs \"ops\"")
     for kind, op in d["ops"].items():

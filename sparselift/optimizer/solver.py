@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
@@ -89,7 +89,6 @@ class Solution:
     mode: str
     seed: int
     workers: int
-    log: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -101,7 +100,6 @@ class Built:
     place: dict[tuple[str, OptionClass, int], cp_model.IntVar]  # rank (or host for TWRW)
     sparse_dist: cp_model.IntVar
     constant_s: float
-    mode: str
 
 
 def _ns(x: float) -> int:
@@ -257,7 +255,7 @@ def build_exact(p: Problem) -> Built:
         _memory(p, m, mem, sparse_dist, q)
     if p.hint:
         _add_hint(p, m, use, place, sparse_dist)
-    return Built(m, use, place, sparse_dist, k.dense_step_s, "exact")
+    return Built(m, use, place, sparse_dist, k.dense_step_s)
 
 
 def _add_hint(p: Problem, m: cp_model.CpModel, use: dict, place: dict, sparse_dist) -> None:
@@ -348,7 +346,7 @@ def build_aggregate(p: Problem) -> Built:
         _add_hint(p, m, use, {}, sparse_dist)
     else:  # without a warm start CP-SAT may spend its budget before a first solution: start it
         _add_hint(p.__class__(p.stats, p.model, p.globals, p.classes, cheapest_average(p)), m, use, {}, sparse_dist)
-    return Built(m, use, {}, sparse_dist, k.dense_step_s, "decomposed")
+    return Built(m, use, {}, sparse_dist, k.dense_step_s)
 
 
 def _over_ranks(tm: Terms, c: OptionClass, W: int, L: int) -> list[float]:

@@ -24,8 +24,6 @@ from sparselift.optimizer.stats import TableStats
 from sparselift.optimizer.topology import Topology
 from sparselift.plans.baselines import quiet_torchrec as quiet
 
-MODULE = "ebc"
-
 
 def tr_topology(topo: Topology):
     """TorchRec's Topology for ours (its bandwidths are bytes/ms)."""

@@ -62,8 +62,7 @@ def workload_tables(workload: str, max_rows: int | None) -> tuple[Any, list[dict
     from sparselift.workloads.spec import load_workload
 
     spec = load_workload(workload).capped(max_rows)
-    return spec, [dict(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
-                       feature_names=list(t.features)) for t in spec.tables]
+    return spec, spec.fingerprints()
 
 
 def _topology(args: argparse.Namespace):

@@ -16,13 +16,6 @@ from sparselift.plans.errors import PlanError
 FORMAT = "sparselift-plan"
 VERSION = 1
 
-SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
-                  "table_column_wise")
-COMPUTE_KERNELS = ("dense", "fused", "fused_uvm", "fused_uvm_caching", "key_value")
-PRECISIONS = ("fp32", "fp16", "bf16")
-PIPELINES = ("base", "sparse-dist")
-DEVICES = ("cpu", "cuda")
-
 
 @dataclass(frozen=True)
 class TableFingerprint:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from sparselift.atomic import write_bytes
+from sparselift.atomic import parquet_bytes, write_bytes
 from sparselift.errors import UserError
 
 MANIFEST = "manifest.json"
@@ -43,6 +42,4 @@ def write_access_stats(path: str | Path, rows: list[dict[str, Any]]) -> None:
               "embedding_dim": "int64", "batch_size": "int64", "ids": "int64", "unique_ids": "int64",
               "pooling_max": "int64", "id_bytes": "int64"}
     df = df.astype({**{c: "float64" for c in COLUMNS}, **dtypes})
-    buf = io.BytesIO()
-    df.to_parquet(buf, index=False)
-    write_bytes(path, buf.getvalue())
+    write_bytes(path, parquet_bytes(df))

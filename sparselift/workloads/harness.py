@@ -65,13 +65,8 @@ class TrainConfig:
         if self.plan is not None:
             from sparselift import plans
 
-            plans.load(self.plan).check_spec(_fingerprint_tables(capped), self.nproc)
+            plans.load(self.plan).check_spec(capped.fingerprints(), self.nproc)
         return spec
-
-
-def _fingerprint_tables(spec: WorkloadSpec) -> list[dict[str, Any]]:
-    return [dict(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
-                 feature_names=list(t.features)) for t in spec.tables]
 
 
 @dataclass

@@ -65,6 +65,11 @@ class WorkloadSpec:
         )
         return dataclasses.replace(self, tables=tables)
 
+    def fingerprints(self) -> list[dict[str, Any]]:
+        """Its tables as a plan file's model fingerprint (what a plan must match)."""
+        return [dict(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                     feature_names=list(t.features)) for t in self.tables]
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("source")

@@ -17,6 +17,8 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from sparselift.atomic import write_json
+
 
 def quiet_library_noise() -> None:
     """TorchRec and torch warn on every rank about deprecations the user cannot act on."""
@@ -36,10 +38,7 @@ def main(argv: list[str]) -> int:
 
     cfg = TrainConfig(**json.loads(Path(cfg_path).read_text()))
     result = train_rank(cfg)
-    path = Path(out_dir, f"rank{result.rank}.json")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(result)))
-    os.replace(tmp, path)
+    write_json(Path(out_dir, f"rank{result.rank}.json"), asdict(result))
     return 0
 
 
