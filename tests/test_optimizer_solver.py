@@ -112,6 +112,7 @@ def test_a_gain_below_min_gain_keeps_torchrecs_plan():
     kept = optimize(inputs, time_limit_s=10, baseline=base, min_gain=gain + 0.01)
     assert kept.kept_baseline and "torchrec plan kept" in kept.plan.solver["status"]  # …not enough to switch
     assert choices_from_plan(kept.plan, topo)[0] == choices_from_plan(base, topo)[0]
+    assert kept.plan.tables == base.tables and kept.plan.pipeline == base.pipeline  # the plan itself
     assert kept.cost.step_time_s == pytest.approx(free.baseline_cost.step_time_s)
 
 

@@ -3,6 +3,7 @@ TorchRec's under our model) with its predicted costs and the solver's record."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -132,8 +133,11 @@ def optimize(inp: Inputs, *, time_limit_s: float = 30.0, seed: int = 0, workers:
                   "time_s": round(sol.det_time_s, 3), "seed": seed, "workers": workers}
     provenance = {**inp.provenance, "coefficients": inp.coeffs.source, "batch_size": inp.batch_size,
                   "tool": "sparselift optimize"}
-    plan = to_plan(inp.stats, choices, inp.topo, g, predicted=cost.predicted(), solver=solver_rec,
-                   provenance=provenance)
+    if kept:  # TorchRec's plan as it is (its table-column-wise splits too), with our records
+        plan = dataclasses.replace(baseline, predicted=cost.predicted(), solver=solver_rec, provenance=provenance)
+    else:
+        plan = to_plan(inp.stats, choices, inp.topo, g, predicted=cost.predicted(), solver=solver_rec,
+                       provenance=provenance)
     sol.wall_s = time.perf_counter() - t0
     return Result(plan, cost, sol, baseline, base_cost, kept)
 

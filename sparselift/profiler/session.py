@@ -118,13 +118,13 @@ class ProfileSession:
     def step_begin(self, step: int) -> None:
         if self.done:
             return
-        self._t0 = time.perf_counter()
         if step == self.first:
             self._guard(self._open, "starting the profiler")
         if self.first <= step <= self.last:
             self._recorder.step = step
             if self._trace is not None and self._trace.running:
                 self._guard(lambda: self._trace.step_begin(step), "marking a step")
+        self._t0 = time.perf_counter()  # the step's own time, not starting the profiler
 
     def step_end(self, step: int) -> None:
         if self.done:

@@ -42,7 +42,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     hook: str | None = None  # "module:factory" called with a RankContext on every rank
     hook_args: dict[str, Any] = field(default_factory=dict)
-    progress: bool = False  # rank 0 reports steps on stderr as they finish
+    progress: bool = False  # rank 0 reports steps on stdout as they finish
 
     def validate(self) -> WorkloadSpec:
         """Check everything that can be checked before ranks start; return the workload."""
