@@ -29,6 +29,8 @@ class Analysis:
     critical_path: pd.DataFrame
     calibration: object  # calibration.Calibration
     unplaced: list[str]
+    manifest: dict  # the profile's, as read and checked
+    access_stats: pd.DataFrame | None
 
 
 def register(sub) -> None:
@@ -57,7 +59,8 @@ def analyze(path: str | Path, cache: bool = True, progress=None) -> Analysis:
     summary = summarize(graph.nodes, graph.steps)
     cal = calibrate(graph.nodes, graph.steps, prof.manifest, str(path), prof.access_stats, prof.plan_tables)
     return Analysis(nodes=graph.nodes, edges=graph.edges, steps=graph.steps, summary=summary,
-                    critical_path=critical_path(graph.nodes, summary), calibration=cal, unplaced=graph.unplaced)
+                    critical_path=critical_path(graph.nodes, summary), calibration=cal, unplaced=graph.unplaced,
+                    manifest=prof.manifest, access_stats=prof.access_stats)
 
 
 def write_outputs(a: Analysis, out: Path) -> None:

@@ -6,7 +6,6 @@ so the same sections render in a notebook (`show`) and in one HTML file (`report
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,13 +32,12 @@ class ProfileView:
 
 
 def open_profile(path: str | Path, analysis: Any = None) -> ProfileView:
-    """Read a profile directory and analyze it unless given its analysis (traces parse once, cached)."""
+    """Analyze a profile directory unless given its analysis (traces parse once, cached); the
+    manifest and access statistics are the ones the analysis read and checked."""
     from sparselift.analysis.commands import analyze
 
-    path = Path(path)
-    return ProfileView(path=path, manifest=json.loads((path / "manifest.json").read_text()),
-                       access=pd.read_parquet(path / "access_stats.parquet"),
-                       analysis=analysis if analysis is not None else analyze(path))
+    a = analysis if analysis is not None else analyze(path)
+    return ProfileView(path=Path(path), manifest=a.manifest, access=a.access_stats, analysis=a)
 
 
 def table_overview(access: pd.DataFrame) -> pd.DataFrame:
