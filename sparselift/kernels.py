@@ -20,6 +20,7 @@ the ratios above; the calibration fits seconds per unit from the profile's own t
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -68,3 +69,25 @@ def _expected_unique(rows: int, alpha: float, draws: float) -> float:
         g = np.log if abs(alpha - 1) < 1e-9 else (lambda x: x ** (1 - alpha) / (1 - alpha))
         p = (g(k + 1) - g(k)) / (g(rows + 1.0) - g(1.0))
     return float(np.sum((hi - lo) * -np.expm1(draws * np.log1p(-np.minimum(p, 1 - 1e-12)))))
+
+
+def zipf_share(n: int, alpha: float, fraction: float) -> float:
+    """Share of Zipf(alpha) draws over n ranks that fall on the top ceil(fraction·n) ranks."""
+    return zipf_top_share(n, alpha, max(1, math.ceil(fraction * n)))
+
+
+def zipf_top_share(n: int, alpha: float, k: int) -> float:
+    """Share of Zipf(alpha) draws over n ranks that fall on the top k ranks."""
+    return 1.0 if k >= n else _harmonic(k, alpha) / _harmonic(n, alpha)
+
+
+def _harmonic(n: int, a: float) -> float:
+    # generalized harmonic number, Euler–Maclaurin tail beyond 1000 terms (exact enough for shares)
+    m = min(n, 1000)
+    s = sum(i ** -a for i in range(1, m + 1))
+    if n > m:
+        if abs(a - 1.0) < 1e-9:
+            s += math.log(n / m)
+        else:
+            s += (n ** (1 - a) - m ** (1 - a)) / (1 - a)
+    return s

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from sparselift.analysis.names import SPARSE_STAGES
+from sparselift.kernels import zipf_top_share
 
 SIZE = dict(width=720, height=320, tools=["hover"])
 # Main-thread parts add up to the step; sparse communication runs beside them (partly hidden).
@@ -28,16 +29,7 @@ STEP_PARTS = ("sparse_compute_s", "dense_compute_s", "exposed_comm_s", "idle_s")
 def zipf_lorenz(alpha: float, rows: int, points: int = 60) -> pd.DataFrame:
     """Share of lookups that hit the hottest x share of rows, for a Zipf(alpha) law over `rows`."""
     ranks = np.unique(np.geomspace(1, rows, points).astype(np.int64))
-    if alpha == 0:
-        share = ranks / rows
-    else:
-        weights = np.arange(1, rows + 1, dtype=np.float64) ** -alpha if rows <= 5_000_000 else None
-        if weights is not None:
-            cum = np.cumsum(weights)
-            share = cum[ranks - 1] / cum[-1]
-        else:  # integral approximation for very large tables
-            f = (lambda k: np.log(k + 1)) if abs(alpha - 1) < 1e-9 else (lambda k: ((k + 1) ** (1 - alpha) - 1) / (1 - alpha))
-            share = f(ranks) / f(rows)
+    share = [zipf_top_share(rows, alpha, int(k)) for k in ranks]
     return pd.DataFrame({"row_share": ranks / rows, "lookup_share": share})
 
 

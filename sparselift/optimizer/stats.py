@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparselift.errors import UserError
+from sparselift.kernels import zipf_share
 from sparselift.workloads.spec import WorkloadSpec
 
 
@@ -39,26 +40,6 @@ class TableStats:
             k = math.log10(s10 / s1)
             return min(1.0, s1 * (fraction / 0.01) ** k)
         return zipf_share(self.num_embeddings, self.zipf_alpha, fraction)
-
-
-def zipf_share(n: int, alpha: float, fraction: float) -> float:
-    """Share of Zipf(alpha) draws over n ranks that fall on the top ceil(fraction·n) ranks."""
-    k = max(1, math.ceil(fraction * n))
-    if k >= n:
-        return 1.0
-    return _harmonic(k, alpha) / _harmonic(n, alpha)
-
-
-def _harmonic(n: int, a: float) -> float:
-    # generalized harmonic number, Euler–Maclaurin tail beyond 1000 terms (exact enough for shares)
-    m = min(n, 1000)
-    s = sum(i ** -a for i in range(1, m + 1))
-    if n > m:
-        if abs(a - 1.0) < 1e-9:
-            s += math.log(n / m)
-        else:
-            s += (n ** (1 - a) - m ** (1 - a)) / (1 - a)
-    return s
 
 
 def stats_from_spec(spec: WorkloadSpec) -> list[TableStats]:
