@@ -95,23 +95,10 @@ def torchrec_plan(stats: list[TableStats], topo: Topology, batch_size: int,
     planner as a trainer calls it by default (device, world size, nothing else), which is the plan
     `sparselift train` uses without `--plan`.
     """
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner import Topology as TRTopology
-
-    topology = tr_topology(topo) if informed else TRTopology(
-        world_size=topo.world_size, compute_device=topo.device, local_world_size=topo.local_world_size)
-    with quiet():
-        planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size,
-                                           constraints=_constraints(stats) if informed else None,
-                                           timeout_seconds=timeout_s)
-        try:
-            sp = planner.plan(ebc(stats), [EmbeddingBagCollectionSharder()])
-        except Exception as e:  # noqa: BLE001 - PlannerError: TorchRec found no plan
-            if type(e).__name__ == "PlannerError":
-                raise plans.PlanError("torchrec planner", str(e).strip().splitlines()[0]) from None
-            raise
-    return plans.from_torchrec(sp, fingerprints(stats), plan_topology(topo),
+    ptopo = plan_topology(topo)
+    sp = plans.torchrec_plan(ebc(stats), ptopo, batch_size, tr_topology=tr_topology(topo) if informed else None,
+                             constraints=_constraints(stats) if informed else None, timeout_seconds=timeout_s)
+    return plans.from_torchrec(sp, fingerprints(stats), ptopo,
                                provenance={"planner": "torchrec.EmbeddingShardingPlanner"})
 
 

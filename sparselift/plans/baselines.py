@@ -62,18 +62,25 @@ def round_robin_table_wise(tables: list[TableFingerprint] | list[dict[str, Any]]
     return Plan.from_dict(plan.to_dict(), plan.source)
 
 
-def torchrec_plan(model: Any, topology: PlanTopology, batch_size: int, sharders: list[Any] | None = None):
-    """Run TorchRec's EmbeddingShardingPlanner offline (rank 0's view) for `model` on `topology`."""
+def torchrec_plan(model: Any, topology: PlanTopology, batch_size: int, sharders: list[Any] | None = None, *,
+                  tr_topology: Any = None, constraints: dict[str, Any] | None = None,
+                  timeout_seconds: int | None = None):
+    """Run TorchRec's EmbeddingShardingPlanner offline (rank 0's view) for `model` on `topology`.
+
+    `tr_topology` (a TorchRec Topology with memory and bandwidths), `constraints` and
+    `timeout_seconds` are passed to the planner; without them it runs as a trainer calls it.
+    """
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
-    preset = DEVICE_PRESETS.get(topology.preset or topology.device, {})
-    extra = {k: preset[k] for k in ("hbm_cap", "ddr_cap") if k in preset}
+    if tr_topology is None:
+        preset = DEVICE_PRESETS.get(topology.preset or topology.device, {})
+        extra = {k: preset[k] for k in ("hbm_cap", "ddr_cap") if k in preset}
+        tr_topology = Topology(world_size=topology.world_size, compute_device=topology.device,
+                               local_world_size=topology.local_world_size, **extra)
     with quiet_torchrec():
-        planner = EmbeddingShardingPlanner(
-            topology=Topology(world_size=topology.world_size, compute_device=topology.device,
-                              local_world_size=topology.local_world_size, **extra),
-            batch_size=batch_size)
+        planner = EmbeddingShardingPlanner(topology=tr_topology, batch_size=batch_size, constraints=constraints,
+                                           timeout_seconds=timeout_seconds)
         try:
             return planner.plan(model, sharders or [EmbeddingBagCollectionSharder()])
         except Exception as e:  # PlannerError: e.g. the tables do not fit the topology's memory
