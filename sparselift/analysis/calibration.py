@@ -243,6 +243,6 @@ def calibrate(nodes: pd.DataFrame, steps: pd.DataFrame, manifest: dict[str, Any]
                                                         "batch_size", "pipeline", "profiled_steps")},
             "samples": int(len(calls)), "step_time_s_median": float(by_step["step_s"].median()),
             "step_time_s_min": float(by_step["step_s"].min())}
-    return Calibration(device=manifest.get("device") or "cpu", backend=manifest.get("backend"),
+    return Calibration(device=device, backend=manifest.get("backend"),
                        world_size=world, batch_size=manifest.get("batch_size"), ops=ops,
                        dense_step_s=max(dense, 0.0), provenance=prov)

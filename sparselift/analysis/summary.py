@@ -30,8 +30,8 @@ def summarize(nodes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         out[col] = n[mask].groupby(["rank", "step"])["dur_s"].sum()
     out = out.fillna(0.0).reset_index()
     g = out.groupby("step")
-    out["imbalance_step"] = g["step_s"].transform(lambda s: s.max() / s.mean() if s.mean() else 1.0)
-    out["imbalance_sparse"] = g["sparse_path_s"].transform(lambda s: s.max() / s.mean() if s.mean() else 1.0)
+    for col, of in (("imbalance_step", "step_s"), ("imbalance_sparse", "sparse_path_s")):  # max ÷ mean rank
+        out[col] = g[of].transform(lambda s: s.max() / s.mean() if s.mean() else 1.0)
     return out[SUMMARY_COLUMNS]
 
 
