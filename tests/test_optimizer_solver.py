@@ -164,3 +164,23 @@ def test_local_search_repairs_a_bad_placement():
     assert max(r for c in good.values() for r in c.ranks) > 1  # the idle ranks got work
     assert improve_placement(p, good) == good  # a local optimum: nothing left to move
     assert all(r["hbm_bytes"] <= topo.usable(topo.hbm_bytes) for r in model.evaluate(p.by_name, good, g).per_rank)
+
+
+def test_local_search_swaps_where_no_single_move_helps():
+    # four equal tables but for their pooling (5, 3 | 4, 2): moving any one table leaves three on a
+    # rank, which is worse; only swapping 3 and 2 evens the ranks (5+2 | 4+3)
+    from sparselift.optimizer.solver import improve_placement
+    from sparselift.optimizer.space import TW, OptionClass
+
+    stats = [TableStats(f"p{k}", 20_000, 32, float(k), feature_names=(f"p{k}",)) for k in (5, 3, 4, 2)]
+    topo = preset("cpu-gloo", 2)
+    model = CostModel(topo, 256, coefficients(topo))
+    g = Globals()
+    p = Problem(stats, model, g, feasible_classes(model, stats, g))
+    tw = OptionClass(TW, "fused")
+    bad = {"p5": Choice(tw, (0,)), "p3": Choice(tw, (0,)), "p4": Choice(tw, (1,)), "p2": Choice(tw, (1,))}
+    good = improve_placement(p, bad)
+    assert good["p5"].ranks == good["p2"].ranks and good["p4"].ranks == good["p3"].ranks
+    assert good["p5"].ranks != good["p4"].ranks
+    cost = lambda ch: model.evaluate(p.by_name, ch, g).step_time_s  # noqa: E731
+    assert cost(good) < cost(bad)
