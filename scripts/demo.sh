@@ -8,7 +8,7 @@ mkdir -p "$out"
 sl=.venv/bin/sparselift
 rounds=${DEMO_ROUNDS:-3}
 
-echo "== 1/5 profile: 3 steps of DMP training on 2 ranks"
+echo "== 1/5 profile: 8 steps of DMP training on 2 ranks"
 $sl profile --workload tiny --nproc 2 --steps 8 --warmup 5 --out "$out/profile" --force
 echo "== 2/5 analyze: sparse-path graph, summary, calibration, HTML report"
 $sl analyze "$out/profile" --html "$out/report.html"
