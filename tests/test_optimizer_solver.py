@@ -184,3 +184,21 @@ def test_local_search_swaps_where_no_single_move_helps():
     assert good["p5"].ranks != good["p4"].ranks
     cost = lambda ch: model.evaluate(p.by_name, ch, g).step_time_s  # noqa: E731
     assert cost(good) < cost(bad)
+
+
+def test_torchrec_referee_reads_its_estimates_both_ways():
+    from sparselift.optimizer.planio import to_plan
+    from sparselift.optimizer.space import TW, OptionClass
+    from sparselift.optimizer.synthetic import synthetic_stats
+    from sparselift.optimizer.torchrec_baseline import torchrec_cost, torchrec_plan
+
+    stats, topo = synthetic_stats(12, seed=1, max_rows=200_000), preset("h100x8", 8)
+    base = torchrec_plan(stats, topo, 512)
+    tw = OptionClass(TW, "fused")
+    one_rank = to_plan(stats, {s.name: Choice(tw, (0,)) for s in stats}, topo, Globals())
+    spread = to_plan(stats, {s.name: Choice(tw, (i % 8,)) for i, s in enumerate(stats)}, topo, Globals())
+    v_base, v_one, v_spread = torchrec_cost([base, one_rank, spread], stats, topo, 512)
+    for v in (v_base, v_spread):  # Σ over parts of the max ≥ the max over ranks of the Σ
+        assert v.synchronous_ms >= v.rate_ms * (1 - 1e-9)
+    assert v_one.synchronous_ms == pytest.approx(v_one.rate_ms)  # one rank does it all: the same
+    assert v_one.rate_ms > 2 * v_spread.rate_ms  # and the referee sees the pile-up

@@ -6,7 +6,10 @@
   runs it in a forked child under a hard timeout.
 * `torchrec_cost`: TorchRec's own EmbeddingPerfEstimator's verdict on *any* plan: enumerate the
   options, copy the matching ShardingOption per table, give it the plan's shards (size, offset,
-  rank), re-estimate, and `NoopPerfModel(topology).rate` (max over ranks of the shards' perf).
+  rank), re-estimate, and `NoopPerfModel(topology).rate` (max over ranks of the shards' perf). Also
+  the same per-shard estimates read as a synchronous step — Σ over perf parts (fwd compute, fwd
+  comms, bwd compute, bwd comms, prefetch) of the max over ranks — since each part ends in a
+  collective every rank waits for; the two readings differ only in the objective.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import copy
 import multiprocessing as mp
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -132,8 +135,16 @@ def torchrec_plan_timed(stats: list[TableStats], topo: Topology, batch_size: int
     return plans.Plan.from_dict(payload, "<torchrec plan>"), secs, "ok"
 
 
-def torchrec_cost(plan_list: list[plans.Plan], stats: list[TableStats], topo: Topology, batch_size: int) -> list[float]:
-    """TorchRec's EmbeddingPerfEstimator + NoopPerfModel cost (ms) of each plan."""
+class Verdict(NamedTuple):
+    rate_ms: float  # NoopPerfModel.rate: max over ranks of Σ perf (TorchRec's objective)
+    synchronous_ms: float  # Σ over perf parts of max over ranks (the same estimates, a synchronous step)
+
+
+PERF_PARTS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")
+
+
+def torchrec_cost(plan_list: list[plans.Plan], stats: list[TableStats], topo: Topology, batch_size: int) -> list[Verdict]:
+    """TorchRec's EmbeddingPerfEstimator's verdict (ms) on each plan, both readings."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.perf_models import NoopPerfModel
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
@@ -170,5 +181,10 @@ def torchrec_cost(plan_list: list[plans.Plan], stats: list[TableStats], topo: To
                     o.cache_params.load_factor = t.cache_load_factor
                 chosen.append(o)
             estimator.estimate(chosen, enum._sharder_data_map if hasattr(enum, "_sharder_data_map") else {})
-            out.append(float(NoopPerfModel(trt).rate(chosen)))
+            parts = {k: [0.0] * topo.world_size for k in PERF_PARTS}
+            for o in chosen:
+                for sh in o.shards:
+                    for k in PERF_PARTS:
+                        parts[k][sh.rank] += getattr(sh.perf, k)
+            out.append(Verdict(float(NoopPerfModel(trt).rate(chosen)), sum(max(v) for v in parts.values())))
     return out
