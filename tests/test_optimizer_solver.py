@@ -202,3 +202,21 @@ def test_torchrec_referee_reads_its_estimates_both_ways():
         assert v.synchronous_ms >= v.rate_ms * (1 - 1e-9)
     assert v_one.synchronous_ms == pytest.approx(v_one.rate_ms)  # one rank does it all: the same
     assert v_one.rate_ms > 2 * v_spread.rate_ms  # and the referee sees the pile-up
+
+
+def test_local_search_never_raises_the_step_it_improves():
+    # the search scores phases as the step counts them (sparse-dist hides input_dist), so under
+    # either pipeline the plan it returns is never slower than the one it was given
+    from sparselift.optimizer.solver import improve_placement
+    from sparselift.optimizer.space import TW, OptionClass
+    from sparselift.optimizer.synthetic import synthetic_stats
+
+    stats, topo = synthetic_stats(16, seed=7, max_rows=200_000), preset("cpu-gloo", 4, 4)
+    model = CostModel(topo, 1024, coefficients(topo).replace(pipeline_overlap=1.0))
+    tw = OptionClass(TW, "fused")
+    p = Problem(stats, model, Globals(), feasible_classes(model, stats, Globals()))
+    start = {s.name: Choice(tw, (i % 4,)) for i, s in enumerate(stats)}
+    for pipe in ("base", "sparse-dist"):
+        g = Globals(pipeline=pipe)
+        before = model.evaluate(p.by_name, start, g).step_time_s
+        assert model.evaluate(p.by_name, improve_placement(p, start, pipe), g).step_time_s <= before * (1 + 1e-12)

@@ -23,8 +23,8 @@ Two formulations, chosen by size (`mode="auto"`):
   shards) and ≥ any single shard's own load; memory ≤ total capacity. That model is a relaxation,
   so its proven bound is a valid lower bound of the real optimum. Then shards are placed by LPT
   (largest first onto the rank that raises Σ_phase max least, memory permitting; ranks of a host are
-  interchangeable, so ties go to the least loaded, then the lowest rank), and single-shard moves
-  (`improve_placement`) repair what LPT leaves. The plan's objective is its true cost; the gap
+  interchangeable, so ties go to the least loaded, then the lowest rank), and shard moves and swaps
+  between ranks (`improve_placement`) repair what LPT leaves. The plan's objective is its true cost; the gap
   against the stage-1 bound is reported honestly.
 
 `auto` runs the decomposed formulation first (30% of the time; it always yields a plan fast) and,
@@ -204,7 +204,7 @@ def build_exact(p: Problem) -> Built:
     host_part = [[[] for _ in range(NV)] for _ in range(H)]
     own_part = [[[] for _ in range(NV)] for _ in range(W)]
     ub = [0.0] * NV
-    single: list[dict[str, list]] = [{} for _ in range(NV)]  # per phase, table: its shard's own extra load
+    single: list[dict[str, list]] = [{} for _ in range(NV)]  # per phase and table: its shard rank's extra load
     for s in p.stats:
         worst = [0.0] * NV
         for c in p.classes[s.name]:
@@ -217,10 +217,10 @@ def build_exact(p: Problem) -> Built:
             elif tm.located == "host":
                 for i in range(NV):
                     uniform[i].append(int(round(tm.remote_inter[i] * scale[i])) * v)
+                    d = int(round((tm.own[i] - tm.remote_inter[i]) * scale[i]))
+                    if d > 0:
+                        single[i].setdefault(s.name, []).append(d * v)
                     for h in range(H):
-                        d = int(round((tm.own[i] - tm.remote_inter[i]) * scale[i]))
-                        if d > 0 and h == 0:
-                            single[i].setdefault(s.name, []).append(d * v)
                         if d:
                             host_part[h][i].append(d * place[s.name, c, h])
             else:
@@ -456,8 +456,9 @@ def place_greedy(p: Problem, classes: Mapping[str, OptionClass]) -> dict[str, Ch
 def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str = "base",
                       max_scans: int = 10) -> dict[str, Choice]:
     """Local search over where rank-placed shards sit: move a shard to another rank, or swap it with
-    a shard on another rank, while that lowers Σ_phase max_rank load, or keeps it and flattens the
-    loads (Σ of squared phase loads, each phase scaled by its max) so that a later step can lower it.
+    a shard on another rank, while that lowers the step's Σ_phase max_rank load (input_dist weighted
+    by what the pipeline leaves exposed), or keeps it and flattens the loads (Σ of squared phase
+    loads, each phase scaled by its max) so that a later step can lower it.
 
     LPT and a time-limited exact solve leave plateaus (the slowest rank of one phase is not the
     slowest of another) and packing waste (shards too large for the room left); moves repair the
@@ -490,6 +491,9 @@ def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str =
     own = np.array([names[t][2] for t in tab])
     occ = np.zeros((len(names), W), dtype=bool)
     occ[tab, rank] = True
+    wt = np.ones(nph)  # what a phase's max adds to the step: the pipeline hides part of input_dist
+    if pipeline == "sparse-dist":
+        wt[ID_PHASE] = 1.0 - p.model.coeffs.pipeline_overlap
     k3 = min(3, W)
     for _ in range(max_scans):
         changed = False
@@ -501,7 +505,7 @@ def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str =
             if k3 < 3:
                 top = np.vstack([top, np.full((3 - k3, nph), -1)])
                 topv = np.vstack([topv, np.zeros((3 - k3, nph))])
-            cur, norm = topv[0].sum(), np.maximum(topv[0], 1e-12)
+            cur, norm = (wt * topv[0]).sum(), np.maximum(topv[0], 1e-12)
             # candidates: move to rank q (nothing comes back), or swap with shard b on rank q
             sw = np.flatnonzero((rank != r) & (tab != ta))
             q = np.concatenate([np.arange(W), rank[sw]])
@@ -515,8 +519,8 @@ def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str =
                 continue
             free = [(top[t][None, :] != r) & (top[t][None, :] != q[:, None]) for t in range(2)]
             others = np.where(free[0], topv[0], np.where(free[1], topv[1], topv[2]))
-            score = np.maximum(others, np.maximum(new_r[:, :nph], new_q[:, :nph])).sum(axis=1)
-            dsq = ((new_r[:, :nph] ** 2 - ph[r] ** 2 + new_q[:, :nph] ** 2 - ph[q] ** 2) / norm ** 2).sum(axis=1)
+            score = (wt * np.maximum(others, np.maximum(new_r[:, :nph], new_q[:, :nph]))).sum(axis=1)
+            dsq = (wt * (new_r[:, :nph] ** 2 - ph[r] ** 2 + new_q[:, :nph] ** 2 - ph[q] ** 2) / norm ** 2).sum(axis=1)
             better = ok & ((score < cur * (1 - 1e-9)) | ((score <= cur * (1 + 1e-12)) & (dsq < -1e-9)))
             if not better.any():
                 continue
