@@ -7,10 +7,10 @@ one, predict the others' step times, print predicted vs measured and the error (
 Plans (sparselift plan files): all table-wise (round robin), all row-wise, and mixed (row-wise for
 the largest tables, column-wise for the next ones, table-wise for the rest). Measured step time is
 the profiled one (fastest step, slowest rank's ProfilerStep: robust on a shared host), the quantity
-the trace calibrates; the median is printed too. Every plan is profiled --repeats times in interleaved
-passes and the pass with the fastest step counts, since a host can slow down a whole pass. The predictor is the optimizer's own cost model
-(`sparselift.optimizer.cost_model.predict_plan`, what the CP-SAT solver minimizes), so this validates
-the model plans are chosen by.
+the trace calibrates; the median is printed too. Every plan is profiled --repeats times in
+interleaved passes and the pass with the fastest step counts, since a host can slow down a whole
+pass. The predictor is the optimizer's own cost model (`sparselift.optimizer.cost_model.predict_plan`,
+what the CP-SAT solver minimizes), so this validates the model plans are chosen by.
 """
 
 from __future__ import annotations

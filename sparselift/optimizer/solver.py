@@ -204,7 +204,7 @@ def build_exact(p: Problem) -> Built:
     host_part = [[[] for _ in range(NV)] for _ in range(H)]
     own_part = [[[] for _ in range(NV)] for _ in range(W)]
     ub = [0.0] * NV
-    single: list[dict[str, list]] = [{} for _ in range(NV)]  # per phase and table: its shard rank's extra load
+    single: list[dict[str, list]] = [{} for _ in PHASES]  # per phase and table: its shard rank's extra load
     for s in p.stats:
         worst = [0.0] * NV
         for c in p.classes[s.name]:
@@ -218,7 +218,7 @@ def build_exact(p: Problem) -> Built:
                 for i in range(NV):
                     uniform[i].append(int(round(tm.remote_inter[i] * scale[i])) * v)
                     d = int(round((tm.own[i] - tm.remote_inter[i]) * scale[i]))
-                    if d > 0:
+                    if d > 0 and i < len(PHASES):
                         single[i].setdefault(s.name, []).append(d * v)
                     for h in range(H):
                         if d:
@@ -229,7 +229,7 @@ def build_exact(p: Problem) -> Built:
                     dh = int(round((tm.remote_intra[i] - tm.remote_inter[i]) * scale[i]))
                     do = int(round((tm.own[i] - tm.remote_intra[i]) * scale[i]))
                     extra = do + (min(dh, 0) if H > 1 else 0)  # the shard's rank, same-host terms included
-                    if extra > 0:
+                    if extra > 0 and i < len(PHASES):
                         single[i].setdefault(s.name, []).append(extra * v)
                     for r in range(W):
                         if dh and H > 1:
@@ -477,19 +477,19 @@ def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str =
     buf = p.model.pipeline_buffer_bytes(p.stats) if pipeline == "sparse-dist" else 0.0
     gpu = topo.device == "cuda"
     cap = np.array([hbm_cap - buf if gpu else np.inf, ddr_cap - (0.0 if gpu else buf)])
-    names = []
+    movable = []  # (table, choice, own load): tables whose load is their shard ranks' alone
     for name in sorted(choices):
         ch = choices[name]
         tm = p.terms(name, ch.cls) if ch.cls.located == "rank" else None
         if tm is not None and not any(tm.remote_intra) and not any(tm.remote_inter):
-            names.append((name, ch, np.array(tm.own)))
-    if not names:
+            movable.append((name, ch, np.array(tm.own)))
+    if not movable:
         return dict(choices)
-    rows = sorted(((-float(own[:nph].sum()), t, r) for t, (_, ch, own) in enumerate(names) for r in ch.ranks))
+    rows = sorted(((-float(own[:nph].sum()), t, r) for t, (_, ch, own) in enumerate(movable) for r in ch.ranks))
     tab = np.array([t for _, t, _ in rows])
     rank = np.array([r for _, _, r in rows])
-    own = np.array([names[t][2] for t in tab])
-    occ = np.zeros((len(names), W), dtype=bool)
+    own = np.array([movable[t][2] for t in tab])
+    occ = np.zeros((len(movable), W), dtype=bool)
     occ[tab, rank] = True
     wt = np.ones(nph)  # what a phase's max adds to the step: the pipeline hides part of input_dist
     if pipeline == "sparse-dist":
@@ -538,7 +538,7 @@ def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str =
         if not changed:
             break
     out = dict(choices)
-    for t, (name, ch, _) in enumerate(names):
+    for t, (name, ch, _) in enumerate(movable):
         out[name] = Choice(ch.cls, ranks=tuple(sorted(int(x) for x in rank[tab == t])))
     return out
 

@@ -92,10 +92,11 @@ def _cpu_gloo(world_size: int, local_world_size: int) -> Topology:
     # Defaults measured on a small CPU host with gloo over shared memory (raw all-to-all ~0.4 ns a
     # byte; TorchRec's distribution calls around it in kernels.CPU_CALL_S / CPU_DIST_B_S); the
     # calibration of a profile replaces the lookup/collective rates (see calibration.py). fp16
-    # conversion costs more than the bytes it saves on local shared memory. The sparse-dist pipeline runs the next batch's
-    # input_dist on gloo's thread beside this step's compute: measured, it hides about all of it
-    # (multihot-26: 123 → 112 ms a step) for ~1.5 ms of bookkeeping a step (tiny: no gain from its
-    # ~1.6 ms input_dist), so it pays only where input_dist is large.
+    # conversion costs more than the bytes it saves on local shared memory. The sparse-dist
+    # pipeline runs the next batch's input_dist on gloo's thread beside this step's compute:
+    # measured, it hides about all of it (multihot-26: 123 → 112 ms a step) for ~1.5 ms of
+    # bookkeeping a step (tiny: no gain from its ~1.6 ms input_dist), so it pays only where
+    # input_dist is large.
     return Topology(world_size=world_size, local_world_size=local_world_size, device="cpu", preset="cpu-gloo",
                     ddr_bytes=_host_memory_bytes() // local_world_size, memory_reserve_fraction=0.3,
                     intra_host_bw=2e9, inter_host_bw=1.25e9, collective_latency_s=150e-6,
