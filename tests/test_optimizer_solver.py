@@ -225,3 +225,35 @@ def test_local_search_never_raises_the_step_it_improves():
         assert model.evaluate(p.by_name, improve_placement(p, start, pipe), g).step_time_s <= before * (1 + 1e-12)
     assert improve_placement(p, start, "sparse-dist") == start  # input_dist is hidden: nothing to gain
     assert improve_placement(p, start, "base") != start  # exposed, it is worth evening out
+
+
+def test_local_search_then_lowers_the_busiest_rank_at_the_same_step():
+    # of placements equally fast in lockstep, the search goes on to one whose busiest rank (Σ over
+    # phases, the step when phases overlap) is least loaded: no move or swap is left that keeps
+    # the step and lowers it
+    import numpy as np
+
+    from sparselift.optimizer.cost_model import PHASES
+    from sparselift.optimizer.solver import improve_placement, place_greedy
+    from sparselift.optimizer.space import TW, OptionClass
+    from sparselift.optimizer.synthetic import synthetic_stats
+
+    stats, topo = synthetic_stats(60, seed=3, max_rows=1_000_000), preset("h100x8", 8)
+    model = CostModel(topo, 512, coefficients(topo))
+    g = Globals()
+    p = Problem(stats, model, g, feasible_classes(model, stats, g))
+    tw = OptionClass(TW, "fused")
+    start = place_greedy(p, {s.name: tw for s in stats})
+
+    def step_and_busiest(ch: dict) -> tuple[float, float]:
+        loads = np.array(model.rank_loads(p.by_name, ch, g))[:, :len(PHASES)]
+        return loads.max(axis=0).sum(), loads.sum(axis=1).max()
+
+    out = improve_placement(p, start)
+    step, busiest = step_and_busiest(out)
+    assert step <= step_and_busiest(start)[0]
+    moves = [{n: Choice(tw, (r,))} for n, ch in out.items() for r in range(8) if (r,) != ch.ranks]
+    swaps = [{a: out[b], b: out[a]} for a, b in itertools.combinations(sorted(out), 2) if out[a] != out[b]]
+    for change in moves + swaps:
+        s2, b2 = step_and_busiest({**out, **change})
+        assert not (s2 <= step * (1 + 1e-12) and b2 < busiest * (1 - 1e-9)), change
