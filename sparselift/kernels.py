@@ -2,7 +2,7 @@
 
 On GPUs a table-batched lookup moves elements through memory: it reads the ids (8 bytes, two
 elements each), gathers `ids·dim` (a row occupies 32 lanes at least) and writes `bags·dim` pooled
-outputs, so their sum is its unit. FBGEMM's
+outputs, so their sum is its unit, scaled up for rows narrower than a warp's pass. FBGEMM's
 CPU kernels behave differently; measured on this project's CPU machines (one thread, fused
 EXACT_ROWWISE_ADAGRAD, dims 16 and 64, 300–33 k unique rows, 1 k–100 k ids; fits within 9 % (bwd)
 and 25 % (fwd)):
@@ -40,11 +40,18 @@ CPU_CALL_S = {"lookup_fwd": 1.9e-4, "lookup_bwd": 1.1e-4,
 CPU_DIST_B_S = 2e-9  # seconds per byte of a distribution call, host work and wire together
 
 
+def gpu_row_penalty(dim: float) -> float:
+    """A TBE warp moves 128 elements of a row per pass; narrower rows leave part of it idle. The
+    factors are TorchRec's empirical HALF_BLOCK and QUARTER_BLOCK penalties, the best public measure
+    until a GPU profile calibrates the lookup (it fits seconds per unit, so only their ratio matters)."""
+    return 1.0 if dim >= 128 else 1.15 if dim >= 64 else 1.75
+
+
 def lookup_work(kind: str, device: str, ids: float, unique: float, dim: float, bag_elems: float = 0.0) -> float:
     """Units of work of one lookup call (`kind` lookup_fwd / lookup_bwd) on `device`; `bag_elems`
     the pooled output elements it writes (bags × dim summed over its tables)."""
     if device == "cuda":  # read the ids (8 B = 2 elements), gather rows (32 lanes at least), write bags
-        return ids * (2.0 + max(dim, 32.0)) + bag_elems
+        return gpu_row_penalty(dim) * (ids * (2.0 + max(dim, 32.0)) + bag_elems)
     return ids + CPU_UNIQUE_WEIGHT[kind] * unique + CPU_BAG_WEIGHT[kind] * bag_elems
 
 
