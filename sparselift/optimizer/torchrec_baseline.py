@@ -143,11 +143,37 @@ class Verdict(NamedTuple):
 PERF_PARTS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")
 
 
+def _estimated_options(stats: list[TableStats], topo: Topology, batch_size: int, types: dict[str, list[str]],
+                       kernels: dict[str, list[str]]) -> tuple[Any, Any, Any, dict[tuple[str, str, str], Any]]:
+    """(TorchRec topology, its estimator, the sharders' data it estimates with, the first enumerated
+    ShardingOption per (table, type, kernel) with its per-shard perf already filled in)."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+
+    trt = tr_topology(topo)
+    cons = _constraints(stats, types, kernels)
+    estimator = EmbeddingPerfEstimator(topology=trt, constraints=cons)
+    enum = EmbeddingEnumerator(topology=trt, batch_size=batch_size, constraints=cons, estimator=[estimator])
+    by_key: dict[tuple[str, str, str], Any] = {}
+    for o in enum.enumerate(ebc(stats), [_AllTypesSharder()]):
+        by_key.setdefault((o.name, o.sharding_type, o.compute_kernel), o)
+    return trt, estimator, getattr(enum, "_sharder_data_map", {}), by_key
+
+
+def table_estimates(stats: list[TableStats], topo: Topology, batch_size: int, sharding_type: str = "table_wise",
+                    kernel: str = "fused") -> dict[str, dict[str, float]]:
+    """TorchRec's per-shard estimate (ms, by perf part) of each table as one shard of `sharding_type`:
+    what its referee charges a table, to set beside SparseLift's own terms."""
+    with quiet():
+        *_, by_key = _estimated_options(stats, topo, batch_size, {s.name: [sharding_type] for s in stats},
+                                          {s.name: [kernel] for s in stats})
+    return {name: {k: float(getattr(o.shards[0].perf, k)) for k in PERF_PARTS}
+            for (name, _, _), o in sorted(by_key.items())}
+
+
 def torchrec_cost(plan_list: list[plans.Plan], stats: list[TableStats], topo: Topology, batch_size: int) -> list[Verdict]:
     """TorchRec's EmbeddingPerfEstimator's verdict (ms) on each plan, both readings."""
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.perf_models import NoopPerfModel
-    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
     from torchrec.distributed.planner.types import Shard
 
     types: dict[str, list[str]] = {s.name: [] for s in stats}
@@ -159,14 +185,7 @@ def torchrec_cost(plan_list: list[plans.Plan], stats: list[TableStats], topo: To
             if t.compute_kernel not in kernels[t.name]:
                 kernels[t.name].append(t.compute_kernel)
     with quiet():
-        trt = tr_topology(topo)
-        cons = _constraints(stats, types, kernels)
-        estimator = EmbeddingPerfEstimator(topology=trt, constraints=cons)
-        enum = EmbeddingEnumerator(topology=trt, batch_size=batch_size, constraints=cons, estimator=[estimator])
-        options = enum.enumerate(ebc(stats), [_AllTypesSharder()])
-        by_key = {}
-        for o in options:
-            by_key.setdefault((o.name, o.sharding_type, o.compute_kernel), o)
+        trt, estimator, sharder_data, by_key = _estimated_options(stats, topo, batch_size, types, kernels)
         out = []
         for p in plan_list:
             chosen = []
@@ -180,7 +199,7 @@ def torchrec_cost(plan_list: list[plans.Plan], stats: list[TableStats], topo: To
                     o.cache_params = copy.copy(o.cache_params)
                     o.cache_params.load_factor = t.cache_load_factor
                 chosen.append(o)
-            estimator.estimate(chosen, enum._sharder_data_map if hasattr(enum, "_sharder_data_map") else {})
+            estimator.estimate(chosen, sharder_data)
             parts = {k: [0.0] * topo.world_size for k in PERF_PARTS}
             for o in chosen:
                 for sh in o.shards:
