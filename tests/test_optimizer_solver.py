@@ -204,6 +204,23 @@ def test_torchrec_referee_reads_its_estimates_both_ways():
     assert v_one.rate_ms > 2 * v_spread.rate_ms  # and the referee sees the pile-up
 
 
+def test_torchrec_table_estimates_add_up_to_its_verdict():
+    # what the referee charges each table alone, summed, is its verdict on a plan that puts every
+    # table whole on one rank
+    from sparselift.optimizer.planio import to_plan
+    from sparselift.optimizer.space import TW, OptionClass
+    from sparselift.optimizer.synthetic import synthetic_stats
+    from sparselift.optimizer.torchrec_baseline import PERF_PARTS, table_estimates, torchrec_cost
+
+    stats, topo = synthetic_stats(6, seed=2, max_rows=100_000), preset("h100x8", 8)
+    est = table_estimates(stats, topo, 512)
+    assert sorted(est) == sorted(s.name for s in stats)
+    one_rank = to_plan(stats, {s.name: Choice(OptionClass(TW, "fused"), (0,)) for s in stats}, topo, Globals())
+    (verdict,) = torchrec_cost([one_rank], stats, topo, 512)
+    assert verdict.rate_ms == pytest.approx(sum(sum(e[k] for k in PERF_PARTS) for e in est.values()), rel=1e-6)
+    assert all(e["fwd_comms"] > 0 and e["bwd_compute"] > e["fwd_compute"] > 0 for e in est.values())
+
+
 def test_local_search_never_raises_the_step_it_improves():
     # the search scores phases as the step counts them: under sparse-dist the pipeline hides
     # input_dist, so evening out input_dist (made dear here) at the price of a lookup is no gain —
