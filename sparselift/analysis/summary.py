@@ -6,6 +6,7 @@ import pandas as pd
 
 from sparselift.analysis.names import SPARSE_STAGES as SPARSE
 from sparselift.analysis.reconstruct import MAIN_PARTS, STAGE_ORDER
+
 SUMMARY_COLUMNS = ["rank", "step", "step_s", "accounted_s", "sparse_compute_s", "sparse_comm_s", "dense_compute_s",
                    "dense_comm_s", "exposed_comm_s", "idle_s", "sparse_path_s", "imbalance_step", "imbalance_sparse"]
 

@@ -523,7 +523,8 @@ def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str =
                 dsq = (wt * (new_r[:, :nph] ** 2 - ph[r] ** 2 + new_q[:, :nph] ** 2 - ph[q] ** 2) / norm ** 2).sum(axis=1)
                 cur_step, tot, cur_tot = (wt * ph.max(axis=0)).sum(), np.zeros(len(q)), 0.0
                 if by_total:
-                    tot, cur_tot = _max_after(ph @ wt, r, q, new_r[:, :nph] @ wt, new_q[:, :nph] @ wt), (ph @ wt).max()
+                    totals = ph @ wt
+                    tot, cur_tot = _max_after(totals, r, q, new_r[:, :nph] @ wt, new_q[:, :nph] @ wt), totals.max()
                 better = ok & (less(step, cur_step) | same(step, cur_step) & (
                     less(tot, cur_tot) | same(tot, cur_tot) & (dsq < -1e-9)))
                 if not better.any():
