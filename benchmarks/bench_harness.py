@@ -2,8 +2,10 @@
 
 Prints steps/s for `tiny` and `criteo-kaggle --max-rows 1000000` at 2 ranks with both train
 pipelines, then the batch-generation time per rank-batch next to the measured step time on
-criteo-kaggle (capped at 1 M rows, batch 2048): the share must stay at most 10 %. For reference it
-also times TorchRec's own skewed-input generator (`ModelInput.generate(power_law_alpha=…)`).
+criteo-kaggle (capped at 1 M rows, batch 2048): the share must stay at most 10 %. The harness makes
+a run's batches before its first step (`harness.made_ahead`), so the share is what a data loader
+beside training would have to keep up with, not part of the step. For reference it also times
+TorchRec's own skewed-input generator (`ModelInput.generate(power_law_alpha=…)`).
 
     .venv/bin/python benchmarks/bench_harness.py [--steps 30] [--quick]
 """

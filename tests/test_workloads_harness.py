@@ -10,7 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from sparselift.workloads.harness import TrainConfig, batches_for_rank, run_training
+from sparselift.workloads import load_workload
+from sparselift.workloads.batches import SyntheticBatches
+from sparselift.workloads.harness import TrainConfig, batches_for_rank, made_ahead, run_training
 from sparselift.workloads.launch import RankFailed
 from test_workloads_models_data import write_criteo_day
 
@@ -56,6 +58,28 @@ def test_busy_default_port_is_not_an_error():
                 raise
         r = run_training(TrainConfig(workload="tiny", nproc=2, steps=1, warmup=0))
     assert r.world_size == 2 and all(len(x.step_times_s) == 1 for x in r.ranks)
+
+
+def test_batches_are_made_before_the_steps_and_the_stream_is_unchanged():
+    spec = load_workload("tiny")
+    made = []
+
+    def counted():
+        for b in SyntheticBatches(spec, seed=3):
+            made.append(b)
+            yield b
+
+    it = made_ahead(counted(), 5)
+    assert len(made) == 5  # before the first step asks for one
+    got = [next(it) for _ in range(7)]
+    assert len(made) == 7 and all(g is m for g, m in zip(got, made))
+    ref = SyntheticBatches(spec, seed=3)
+    for g in got:
+        assert g.sparse_features.values().equal(ref.next_batch().sparse_features.values())
+    # a memory budget stops making ahead after the batch that reaches it
+    made.clear()
+    made_ahead(counted(), 5, budget=1)
+    assert len(made) == 1
 
 
 def test_train_on_criteo_day_files(tmp_path):
