@@ -5,10 +5,14 @@ plans are scored by the same referee (enumerate → copy the matching ShardingOp
 shards → EmbeddingPerfEstimator → NoopPerfModel.rate). TorchRec's planner runs under a hard timeout
 (it needs minutes at 500+ tables); a timeout is reported, and SparseLift then plans without a warm start.
 
-`ratio` is the referee's verdict as TorchRec reads it (max over ranks of each rank's summed perf);
-`sync ratio` reads the same per-shard estimates as a synchronous step (Σ over fwd/bwd compute and
-comms of the max over ranks: every part ends in a collective all ranks wait for), the objective
-SparseLift minimizes. Where they disagree, the plans differ in objective, not in cost estimates.
+Each plan is scored as it runs, its collectives at the precision it sets (TorchRec's estimator reads
+the qcomm codecs): TorchRec's planner leaves them fp32; SparseLift picks fp16 / bf16 where the bytes
+saved pay for the conversion (across hosts). `ratio` is the referee's verdict as TorchRec reads it
+(max over ranks of each rank's summed perf); `same prec.` is that ratio with TorchRec's plan given
+SparseLift's precision too — what the sharding alone is worth; `sync ratio` reads the per-shard
+estimates as a synchronous step (Σ over fwd/bwd compute and comms of the max over ranks: every part
+ends in a collective all ranks wait for), the objective SparseLift minimizes. Where `ratio` and
+`sync ratio` disagree, the plans differ in objective, not in cost estimates.
 
     .venv/bin/python benchmarks/bench_optimizer_estimator.py            # full size (the lead runs it)
     .venv/bin/python benchmarks/bench_optimizer_estimator.py --quick    # 20 tables at 8/16 ranks
@@ -23,6 +27,7 @@ can fall below 1.0 while the `sync ratio` does not.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -70,7 +75,7 @@ def main() -> None:
         args.tables, args.ranks, args.torchrec_timeout, args.time_limit = [20], [8, 16], 120.0, 10.0
     rows = []
     header = (f"{'tables':>6s} {'ranks':>5s} {'torchrec s':>10s} {'ours s':>7s} {'TR est (TR plan)':>17s} "
-              f"{'TR est (ours)':>14s} {'ratio':>7s} {'sync ratio':>10s}")
+              f"{'TR est (ours)':>14s} {'ratio':>7s} {'same prec.':>10s} {'sync ratio':>10s}")
     if not args.explain:
         print(header)
     for n in args.tables:
@@ -85,19 +90,24 @@ def main() -> None:
             res = optimize(Inputs(stats, topo, args.batch_size, coefficients(topo)), time_limit_s=args.time_limit,
                            baseline=base)
             ours_s = time.perf_counter() - t0
-            plans_ = [base, res.plan] if base is not None else [res.plan]
+            plans_ = [res.plan]
+            if base is not None:  # TorchRec's plan as it runs, and given SparseLift's comm precision
+                plans_ += [base, dataclasses.replace(base, comm_precision=res.plan.comm_precision)]
             costs = torchrec_cost(plans_, stats, topo, args.batch_size)
-            tr_cost = costs[0].rate_ms if base is not None else None
-            ours_cost = costs[-1].rate_ms
+            ours_cost = costs[0].rate_ms
+            tr_cost = costs[1].rate_ms if base is not None else None
             ratio = tr_cost / ours_cost if tr_cost else None
-            sync = costs[0].synchronous_ms / costs[-1].synchronous_ms if base is not None else None
+            same = costs[2].rate_ms / ours_cost if base is not None else None
+            sync = costs[1].synchronous_ms / costs[0].synchronous_ms if base is not None else None
             rows.append(dict(tables=n, ranks=w, torchrec_status=status, torchrec_s=tr_s, ours_s=ours_s,
-                             torchrec_est_ms=tr_cost, ours_est_ms=ours_cost, ratio=ratio, sync_ratio=sync,
+                             torchrec_est_ms=tr_cost, ours_est_ms=ours_cost, ratio=ratio,
+                             same_precision_ratio=same, sync_ratio=sync,
+                             comm_precision=dataclasses.asdict(res.plan.comm_precision),
                              ours_pred_s=res.cost.step_time_s,
                              torchrec_pred_s=res.baseline_cost.step_time_s if res.baseline_cost else None))
             fmt = lambda x, f: format(x, f) if x is not None else status  # noqa: E731
             print(f"{n:6d} {w:5d} {tr_s:10.1f} {ours_s:7.1f} {fmt(tr_cost, '17.3f')} {ours_cost:14.3f} "
-                  f"{fmt(ratio, '7.3f')} {fmt(sync, '10.3f')}", flush=True)
+                  f"{fmt(ratio, '7.3f')} {fmt(same, '10.3f')} {fmt(sync, '10.3f')}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -221,6 +221,28 @@ def test_torchrec_table_estimates_add_up_to_its_verdict():
     assert all(e["fwd_comms"] > 0 and e["bwd_compute"] > e["fwd_compute"] > 0 for e in est.values())
 
 
+def test_torchrec_referee_prices_a_plans_comm_precision():
+    # the same plan with fp16 / bf16 collectives: TorchRec's estimator sizes them by the qcomm codecs
+    # the plan sets, so its comms cost about half and its lookups the same
+    import dataclasses
+
+    from sparselift.optimizer.planio import to_plan
+    from sparselift.optimizer.space import TW, OptionClass
+    from sparselift.optimizer.synthetic import synthetic_stats
+    from sparselift.optimizer.torchrec_baseline import table_estimates, torchrec_cost
+    from sparselift.plans.plan import CommPrecision
+
+    stats, topo = synthetic_stats(6, seed=2, max_rows=100_000), preset("h100x8", 16)
+    est = table_estimates(stats, topo, 512)
+    compute = sum(e["fwd_compute"] + e["bwd_compute"] + e["prefetch_compute"] for e in est.values())
+    comms = sum(e["fwd_comms"] + e["bwd_comms"] for e in est.values())
+    one_rank = to_plan(stats, {s.name: Choice(OptionClass(TW, "fused"), (0,)) for s in stats}, topo, Globals())
+    half = dataclasses.replace(one_rank, comm_precision=CommPrecision("fp16", "bf16"))
+    full, reduced = torchrec_cost([one_rank, half], stats, topo, 512)
+    assert full.rate_ms == pytest.approx(compute + comms)
+    assert compute + 0.4 * comms < reduced.rate_ms < compute + 0.6 * comms
+
+
 def test_local_search_never_raises_the_step_it_improves():
     # the search scores phases as the step counts them: under sparse-dist the pipeline hides
     # input_dist, so evening out input_dist (made dear here) at the price of a lookup is no gain —

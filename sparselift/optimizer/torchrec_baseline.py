@@ -6,7 +6,8 @@
   runs it in a forked child under a hard timeout.
 * `torchrec_cost`: TorchRec's own EmbeddingPerfEstimator's verdict on *any* plan: enumerate the
   options, copy the matching ShardingOption per table, give it the plan's shards (size, offset,
-  rank), re-estimate, and `NoopPerfModel(topology).rate` (max over ranks of the shards' perf). Also
+  rank) and its collectives' precision (qcomm codecs), re-estimate, and
+  `NoopPerfModel(topology).rate` (max over ranks of the shards' perf). Also
   the same per-shard estimates read as a synchronous step — Σ over perf parts (fwd compute, fwd
   comms, bwd compute, bwd comms, prefetch) of the max over ranks — since each part ends in a
   collective every rank waits for; the two readings differ only in the objective.
@@ -171,6 +172,17 @@ def table_estimates(stats: list[TableStats], topo: Topology, batch_size: int, sh
             for (name, _, _), o in sorted(by_key.items())}
 
 
+def _with_precision(sharder_data: dict[str, Any], plan: plans.Plan) -> dict[str, Any]:
+    """The sharders' data as this plan runs them: TorchRec's estimator sizes the pooled-embedding
+    collectives by the sharder's qcomm codecs, which the plan's comm precision sets (`plans.sharders`)."""
+    from torchrec.distributed.planner.utils import build_sharder_data
+
+    from sparselift.plans.to_torchrec import sharders
+
+    data = build_sharder_data(sharders(plan, torch.device("cpu"))[0])  # only the codecs' dtypes are read
+    return {key: data for key in sharder_data}
+
+
 def torchrec_cost(plan_list: list[plans.Plan], stats: list[TableStats], topo: Topology, batch_size: int) -> list[Verdict]:
     """TorchRec's EmbeddingPerfEstimator's verdict (ms) on each plan, both readings."""
     from torchrec.distributed.planner.perf_models import NoopPerfModel
@@ -199,7 +211,7 @@ def torchrec_cost(plan_list: list[plans.Plan], stats: list[TableStats], topo: To
                     o.cache_params = copy.copy(o.cache_params)
                     o.cache_params.load_factor = t.cache_load_factor
                 chosen.append(o)
-            estimator.estimate(chosen, sharder_data)
+            estimator.estimate(chosen, _with_precision(sharder_data, p))
             parts = {k: [0.0] * topo.world_size for k in PERF_PARTS}
             for o in chosen:
                 for sh in o.shards:
