@@ -9,7 +9,8 @@ Each plan is scored as it runs, its collectives at the precision it sets (TorchR
 the qcomm codecs): TorchRec's planner leaves them fp32; SparseLift picks fp16 / bf16 where the bytes
 saved pay for the conversion (across hosts). `ratio` is the referee's verdict as TorchRec reads it
 (max over ranks of each rank's summed perf); `same prec.` is that ratio with TorchRec's plan given
-SparseLift's precision too — what the sharding alone is worth; `sync ratio` reads the per-shard
+SparseLift's precision too — what the sharding alone is worth (with `--replan`, TorchRec's planner
+plans again for that precision, as for a user who enables qcomm; minutes more); `sync ratio` reads the per-shard
 estimates as a synchronous step (Σ over fwd/bwd compute and comms of the max over ranks: every part
 ends in a collective all ranks wait for), the objective SparseLift minimizes. Where `ratio` and
 `sync ratio` disagree, the plans differ in objective, not in cost estimates.
@@ -69,6 +70,8 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--quick", action="store_true", help="verify at small size: 20 tables, 8 and 16 ranks")
     ap.add_argument("--explain", action="store_true", help="first set the two cost models side by side")
+    ap.add_argument("--replan", action="store_true",
+                    help="`same prec.`: TorchRec's planner plans again for SparseLift's comm precision")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.quick:
@@ -92,12 +95,19 @@ def main() -> None:
             ours_s = time.perf_counter() - t0
             plans_ = [res.plan]
             if base is not None:  # TorchRec's plan as it runs, and given SparseLift's comm precision
-                plans_ += [base, dataclasses.replace(base, comm_precision=res.plan.comm_precision)]
+                cp = res.plan.comm_precision
+                same_plan = dataclasses.replace(base, comm_precision=cp)
+                if args.replan and cp != base.comm_precision:
+                    same_plan, _, replan_status = torchrec_plan_timed(stats, topo, args.batch_size,
+                                                                      args.torchrec_timeout, comm_precision=cp)
+                    if same_plan is None:
+                        print(f"TorchRec's planner at {cp.forward}/{cp.backward}: {replan_status}")
+                plans_ += [base] + ([same_plan] if same_plan is not None else [])
             costs = torchrec_cost(plans_, stats, topo, args.batch_size)
             ours_cost = costs[0].rate_ms
             tr_cost = costs[1].rate_ms if base is not None else None
             ratio = tr_cost / ours_cost if tr_cost else None
-            same = costs[2].rate_ms / ours_cost if base is not None else None
+            same = costs[2].rate_ms / ours_cost if len(costs) > 2 else None
             sync = costs[1].synchronous_ms / costs[0].synchronous_ms if base is not None else None
             rows.append(dict(tables=n, ranks=w, torchrec_status=status, torchrec_s=tr_s, ours_s=ours_s,
                              torchrec_est_ms=tr_cost, ours_est_ms=ours_cost, ratio=ratio,

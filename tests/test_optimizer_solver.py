@@ -229,7 +229,7 @@ def test_torchrec_referee_prices_a_plans_comm_precision():
     from sparselift.optimizer.planio import to_plan
     from sparselift.optimizer.space import TW, OptionClass
     from sparselift.optimizer.synthetic import synthetic_stats
-    from sparselift.optimizer.torchrec_baseline import table_estimates, torchrec_cost
+    from sparselift.optimizer.torchrec_baseline import table_estimates, torchrec_cost, torchrec_plan
     from sparselift.plans.plan import CommPrecision
 
     stats, topo = synthetic_stats(6, seed=2, max_rows=100_000), preset("h100x8", 16)
@@ -241,6 +241,10 @@ def test_torchrec_referee_prices_a_plans_comm_precision():
     full, reduced = torchrec_cost([one_rank, half], stats, topo, 512)
     assert full.rate_ms == pytest.approx(compute + comms)
     assert compute + 0.4 * comms < reduced.rate_ms < compute + 0.6 * comms
+    # TorchRec's planner, given a sharder with those codecs, plans for them and the plan says so
+    replanned = torchrec_plan(stats, topo, 512, comm_precision=half.comm_precision)
+    assert replanned.comm_precision == half.comm_precision
+    assert torchrec_plan(stats, topo, 512).comm_precision == CommPrecision("fp32", "fp32")
 
 
 def test_local_search_never_raises_the_step_it_improves():

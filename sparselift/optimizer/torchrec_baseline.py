@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import multiprocessing as mp
 import time
 from typing import Any, NamedTuple
@@ -92,37 +93,44 @@ class _AllTypesSharder:
 
 
 def torchrec_plan(stats: list[TableStats], topo: Topology, batch_size: int,
-                  timeout_s: int | None = None, informed: bool = True) -> plans.Plan:
+                  timeout_s: int | None = None, informed: bool = True,
+                  comm_precision: plans.CommPrecision | None = None) -> plans.Plan:
     """TorchRec's EmbeddingShardingPlanner on these tables and this topology, as a SparseLift plan.
 
     `informed`: given the tables' pooling factors and our topology's memory and bandwidths; else the
     planner as a trainer calls it by default (device, world size, nothing else), which is the plan
-    `sparselift train` uses without `--plan`.
+    `sparselift train` uses without `--plan`. `comm_precision`: the planner plans for collectives
+    at that precision (a sharder with those qcomm codecs, as a user who enables them would give it)
+    and the plan keeps it; by default fp32, TorchRec's default.
     """
+    from sparselift.plans.to_torchrec import precision_sharders
+
     ptopo = plan_topology(topo)
-    sp = plans.torchrec_plan(ebc(stats), ptopo, batch_size, tr_topology=tr_topology(topo) if informed else None,
+    sh = None if comm_precision is None else precision_sharders(comm_precision, torch.device("cpu"))
+    sp = plans.torchrec_plan(ebc(stats), ptopo, batch_size, sh, tr_topology=tr_topology(topo) if informed else None,
                              constraints=_constraints(stats) if informed else None, timeout_seconds=timeout_s)
-    return plans.from_torchrec(sp, fingerprints(stats), ptopo,
-                               provenance={"planner": "torchrec.EmbeddingShardingPlanner"})
+    p = plans.from_torchrec(sp, fingerprints(stats), ptopo, provenance={"planner": "torchrec.EmbeddingShardingPlanner"})
+    return p if comm_precision is None else dataclasses.replace(p, comm_precision=comm_precision)
 
 
-def _child(q, stats, topo, batch_size, timeout_s, informed) -> None:
+def _child(q, stats, topo, batch_size, timeout_s, informed, comm_precision) -> None:
     try:
         t0 = time.perf_counter()
-        p = torchrec_plan(stats, topo, batch_size, timeout_s, informed)
+        p = torchrec_plan(stats, topo, batch_size, timeout_s, informed, comm_precision)
         q.put(("ok", p.to_dict(), time.perf_counter() - t0))
     except Exception as e:  # noqa: BLE001 - reported to the parent as text
         q.put(("error", f"{type(e).__name__}: {e}", 0.0))
 
 
-def torchrec_plan_timed(stats: list[TableStats], topo: Topology, batch_size: int,
-                        timeout_s: float, informed: bool = True) -> tuple[plans.Plan | None, float, str]:
+def torchrec_plan_timed(stats: list[TableStats], topo: Topology, batch_size: int, timeout_s: float,
+                        informed: bool = True, comm_precision: plans.CommPrecision | None = None,
+                        ) -> tuple[plans.Plan | None, float, str]:
     """(plan or None, seconds, status: ok | timeout | error text) with a hard wall-clock limit."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     t0 = time.perf_counter()
-    proc = ctx.Process(target=_child, args=(q, stats, topo, batch_size, max(1, int(timeout_s)), informed),
-                       daemon=True)
+    proc = ctx.Process(target=_child, args=(q, stats, topo, batch_size, max(1, int(timeout_s)), informed,
+                                            comm_precision), daemon=True)
     proc.start()
     try:
         status, payload, secs = q.get(timeout=timeout_s)
@@ -177,9 +185,9 @@ def _with_precision(sharder_data: dict[str, Any], plan: plans.Plan) -> dict[str,
     collectives by the sharder's qcomm codecs, which the plan's comm precision sets (`plans.sharders`)."""
     from torchrec.distributed.planner.utils import build_sharder_data
 
-    from sparselift.plans.to_torchrec import sharders
+    from sparselift.plans.to_torchrec import precision_sharders
 
-    data = build_sharder_data(sharders(plan, torch.device("cpu"))[0])  # only the codecs' dtypes are read
+    data = build_sharder_data(precision_sharders(plan.comm_precision, torch.device("cpu"))[0])  # dtypes only
     return {key: data for key in sharder_data}
 
 

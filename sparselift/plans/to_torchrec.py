@@ -20,7 +20,7 @@ from torchrec.distributed.types import (CacheParams, EmbeddingModuleShardingPlan
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from sparselift.plans.errors import PlanError
-from sparselift.plans.plan import Plan, TableFingerprint, TablePlan
+from sparselift.plans.plan import CommPrecision, Plan, TableFingerprint, TablePlan
 
 
 def model_tables(model: nn.Module) -> list[tuple[str, TableFingerprint]]:
@@ -73,13 +73,17 @@ def sharding_plan(plan: Plan, model: nn.Module | None = None, device_type: str |
 
 def sharders(plan: Plan, device: torch.device | None = None) -> list[Any]:
     """The EmbeddingBagCollection sharder, with qcomm codecs when a collective is not fp32."""
+    return precision_sharders(plan.comm_precision, device or torch.device(plan.topology.device))
+
+
+def precision_sharders(cp: CommPrecision, device: torch.device) -> list[Any]:
+    """The EmbeddingBagCollection sharder whose qcomm codecs run the collectives at `cp`."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 
-    cp = plan.comm_precision
     registry = get_qcomm_codecs_registry(
         QCommsConfig(forward_precision=CommType(cp.forward), backward_precision=CommType(cp.backward)),
-        device=device or torch.device(plan.topology.device),
+        device=device,
     )
     return [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)]
 
