@@ -182,7 +182,7 @@ def table_estimates(stats: list[TableStats], topo: Topology, batch_size: int, sh
 
 def _with_precision(sharder_data: dict[str, Any], plan: plans.Plan) -> dict[str, Any]:
     """The sharders' data as this plan runs them: TorchRec's estimator sizes the pooled-embedding
-    collectives by the sharder's qcomm codecs, which the plan's comm precision sets (`plans.sharders`)."""
+    collectives by the sharder's qcomm codecs, which the plan's comm precision sets, as the loader does."""
     from torchrec.distributed.planner.utils import build_sharder_data
 
     from sparselift.plans.to_torchrec import precision_sharders
