@@ -88,3 +88,18 @@ def test_row_wise_output_is_an_all_reduce_on_gloo():
         m = CostModel(topo, 64, coefficients(topo))
         counts = m.counts(t, OptionClass(RW, "fused")).own
         assert counts.out_fwd_intra == pytest.approx(sent * 64 * t.embedding_dim * 4)
+
+
+def test_a_uvm_cached_table_without_a_load_factor_is_priced_at_the_size_it_runs_with():
+    # TorchRec's planner leaves the load factor out of its plans; TorchRec and FBGEMM then cache 0.2
+    from sparselift.optimizer.cost_model import Globals
+    from sparselift.optimizer.planio import choices_from_plan, to_plan
+    from sparselift.optimizer.space import Choice
+
+    topo = preset("h100x8", 8)
+    named = to_plan(T, {t.name: Choice(OptionClass(TW, "fused_uvm_caching", 1, 0.2), (i,)) for i, t in enumerate(T)},
+                    topo, Globals())
+    unnamed = dataclasses.replace(named, tables=[dataclasses.replace(t, cache_load_factor=None) for t in named.tables])
+    choices, _ = choices_from_plan(unnamed, topo)
+    assert {ch.cls.cache_load_factor for ch in choices.values()} == {plans.DEFAULT_CACHE_LOAD_FACTOR}
+    assert predict_plan(unnamed, T, None, topo).step_time_s == predict_plan(named, T, None, topo).step_time_s

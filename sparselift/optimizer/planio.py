@@ -75,14 +75,14 @@ def choices_from_plan(plan: Any, topo: Topology) -> tuple[dict[str, Choice], Glo
         if st == DP:
             ch = Choice(OptionClass(DP, "dense", topo.world_size))
         elif st == TW:
-            ch = Choice(OptionClass(TW, t.compute_kernel, 1, t.cache_load_factor), ranks=(t.ranks[0],))
+            ch = Choice(OptionClass(TW, t.compute_kernel, 1, t.cache_share), ranks=(t.ranks[0],))
         elif st in (CW, "table_column_wise"):
             rs = tuple(s.rank for s in t.shards) or tuple(t.ranks)
-            ch = Choice(OptionClass(CW, t.compute_kernel, len(rs), t.cache_load_factor), ranks=rs)
+            ch = Choice(OptionClass(CW, t.compute_kernel, len(rs), t.cache_share), ranks=rs)
         elif st == RW:
-            ch = Choice(OptionClass(RW, t.compute_kernel, topo.world_size, t.cache_load_factor))
+            ch = Choice(OptionClass(RW, t.compute_kernel, topo.world_size, t.cache_share))
         elif st == TWRW:
-            ch = Choice(OptionClass(TWRW, t.compute_kernel, topo.local_world_size, t.cache_load_factor),
+            ch = Choice(OptionClass(TWRW, t.compute_kernel, topo.local_world_size, t.cache_share),
                         host=t.ranks[0] // topo.local_world_size)
         else:
             raise UserError(f"{plan.source}: table {t.name!r}: sharding type {st!r} is not priced by the optimizer")

@@ -12,11 +12,11 @@ TorchRec verb (`sharding_plan`, `apply`, …), so reading and checking a plan is
 from sparselift.plans.baselines import DEVICE_PRESETS, from_torchrec, round_robin_table_wise, torchrec_plan
 from sparselift.plans.errors import PlanError
 from sparselift.plans.fileio import dumps, load, loads, save
-from sparselift.plans.plan import (FORMAT, VERSION, CommPrecision, Plan, PlanTopology, Shard, TableFingerprint,
-                                   TablePlan)
+from sparselift.plans.plan import (DEFAULT_CACHE_LOAD_FACTOR, FORMAT, VERSION, CommPrecision, Plan, PlanTopology,
+                                   Shard, TableFingerprint, TablePlan)
 
 __all__ = [
-    "FORMAT", "VERSION", "DEVICE_PRESETS", "CommPrecision", "Plan", "PlanError", "PlanTopology", "Shard",
+    "FORMAT", "VERSION", "DEFAULT_CACHE_LOAD_FACTOR", "DEVICE_PRESETS", "CommPrecision", "Plan", "PlanError", "PlanTopology", "Shard",
     "TableFingerprint", "TablePlan", "dumps", "from_torchrec", "load", "loads", "round_robin_table_wise",
     "save", "torchrec_plan",
 ]

@@ -15,6 +15,7 @@ from sparselift.plans.errors import PlanError
 
 FORMAT = "sparselift-plan"
 VERSION = 1
+DEFAULT_CACHE_LOAD_FACTOR = 0.2  # the UVM cache size TorchRec and FBGEMM use when none is given
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,14 @@ class TablePlan:
     ranks: list[int]
     shards: list[Shard] = field(default_factory=list)  # empty for data_parallel
     cache_load_factor: float | None = None
+
+    @property
+    def cache_share(self) -> float | None:
+        """The UVM cache's share of the table as it runs: TorchRec and FBGEMM size it at 0.2 when the
+        plan names none (TorchRec's planner leaves it out by default)."""
+        if self.compute_kernel == "fused_uvm_caching" and self.cache_load_factor is None:
+            return DEFAULT_CACHE_LOAD_FACTOR
+        return self.cache_load_factor
 
 
 @dataclass

@@ -140,7 +140,7 @@ class SparseLiftPlanLoader(PlanLoader):
         if self._plan.topology.device == "cpu" or t.compute_kernel in ("fused_uvm", "key_value"):
             return Storage(hbm=0, ddr=nbytes)
         if t.compute_kernel == "fused_uvm_caching":
-            return Storage(hbm=int(nbytes * (t.cache_load_factor or 0.2)), ddr=nbytes)
+            return Storage(hbm=int(nbytes * t.cache_share), ddr=nbytes)
         return Storage(hbm=nbytes, ddr=0)
 
     def load(self) -> dict[int, ShardingOption]:
