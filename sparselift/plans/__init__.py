@@ -16,7 +16,7 @@ from sparselift.plans.plan import (DEFAULT_CACHE_LOAD_FACTOR, FORMAT, VERSION, C
                                    Shard, TableFingerprint, TablePlan)
 
 __all__ = [
-    "FORMAT", "VERSION", "DEFAULT_CACHE_LOAD_FACTOR", "DEVICE_PRESETS", "CommPrecision", "Plan", "PlanError", "PlanTopology", "Shard",
-    "TableFingerprint", "TablePlan", "dumps", "from_torchrec", "load", "loads", "round_robin_table_wise",
-    "save", "torchrec_plan",
+    "FORMAT", "VERSION", "DEFAULT_CACHE_LOAD_FACTOR", "DEVICE_PRESETS", "CommPrecision", "Plan", "PlanError",
+    "PlanTopology", "Shard", "TableFingerprint", "TablePlan", "dumps", "from_torchrec", "load", "loads",
+    "round_robin_table_wise", "save", "torchrec_plan",
 ]
