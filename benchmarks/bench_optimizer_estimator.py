@@ -7,13 +7,14 @@ shards → EmbeddingPerfEstimator → NoopPerfModel.rate). TorchRec's planner ru
 
 Each plan is scored as it runs, its collectives at the precision it sets (TorchRec's estimator reads
 the qcomm codecs): TorchRec's planner leaves them fp32; SparseLift picks fp16 / bf16 where the bytes
-saved pay for the conversion (across hosts). `ratio` is the referee's verdict as TorchRec reads it
-(max over ranks of each rank's summed perf); `same prec.` is that ratio with TorchRec's plan given
-SparseLift's precision too — what the sharding alone is worth (with `--replan`, TorchRec's planner
-plans again for that precision, as for a user who enables qcomm; minutes more); `sync ratio` reads the per-shard
-estimates as a synchronous step (Σ over fwd/bwd compute and comms of the max over ranks: every part
-ends in a collective all ranks wait for), the objective SparseLift minimizes. Where `ratio` and
-`sync ratio` disagree, the plans differ in objective, not in cost estimates.
+saved pay for the conversion (across hosts).
+- `ratio`: the referee's verdict as TorchRec reads it (max over ranks of each rank's summed perf).
+- `same prec.`: that ratio with TorchRec's plan given SparseLift's precision too — what the sharding
+  alone is worth. With `--replan` TorchRec's planner plans again for that precision, as for a user
+  who enables qcomm (one more planner run per size).
+- `sync ratio`: the per-shard estimates read as a synchronous step (Σ over fwd/bwd compute and comms
+  of the max over ranks: every part ends in a collective all ranks wait for), the objective
+  SparseLift minimizes. Where it and `ratio` disagree, the plans differ in objective, not in costs.
 
     .venv/bin/python benchmarks/bench_optimizer_estimator.py            # full size (the lead runs it)
     .venv/bin/python benchmarks/bench_optimizer_estimator.py --quick    # 20 tables at 8/16 ranks
