@@ -241,7 +241,7 @@ def test_torchrec_referee_prices_a_plans_comm_precision():
     full, reduced = torchrec_cost([one_rank, half], stats, topo, 512)
     assert full.rate_ms == pytest.approx(compute + comms)
     assert compute + 0.4 * comms < reduced.rate_ms < compute + 0.6 * comms
-    # TorchRec's planner, given a sharder with those codecs, plans for them and the plan says so
+    # the plan TorchRec's planner makes for those codecs carries them (the loader applies them from it)
     replanned = torchrec_plan(stats, topo, 512, comm_precision=half.comm_precision)
     assert replanned.comm_precision == half.comm_precision
     assert torchrec_plan(stats, topo, 512).comm_precision == CommPrecision("fp32", "fp32")
