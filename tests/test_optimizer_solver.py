@@ -221,7 +221,7 @@ def test_torchrec_table_estimates_add_up_to_its_verdict():
     assert all(e["fwd_comms"] > 0 and e["bwd_compute"] > e["fwd_compute"] > 0 for e in est.values())
 
 
-def test_torchrec_referee_prices_a_plans_comm_precision():
+def test_torchrec_referee_prices_a_plans_comm_precision(monkeypatch):
     # the same plan with fp16 / bf16 collectives: TorchRec's estimator sizes them by the qcomm codecs
     # the plan sets, so its comms cost about half and its lookups the same
     import dataclasses
@@ -241,10 +241,24 @@ def test_torchrec_referee_prices_a_plans_comm_precision():
     full, reduced = torchrec_cost([one_rank, half], stats, topo, 512)
     assert full.rate_ms == pytest.approx(compute + comms)
     assert compute + 0.4 * comms < reduced.rate_ms < compute + 0.6 * comms
-    # the plan TorchRec's planner makes for those codecs carries them (the loader applies them from it)
+    # TorchRec's planner plans with a sharder carrying those codecs, and its plan keeps them for
+    # the loader; by default it gets TorchRec's own sharder and the plan stays fp32
+    import torch
+    from torchrec.distributed.types import CommOp
+
+    from sparselift import plans
+
+    given = []
+    real = plans.torchrec_plan
+    monkeypatch.setattr(plans, "torchrec_plan", lambda *a, **kw: given.append(a[3]) or real(*a, **kw))
     replanned = torchrec_plan(stats, topo, 512, comm_precision=half.comm_precision)
+    (sharder,) = given[0]
+    codecs = sharder.qcomm_codecs_registry[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name]
+    sizes = [torch.tensor([], dtype=c.quantized_dtype).element_size() for c in (codecs.forward, codecs.backward)]
+    assert sizes == [2, 2]  # what TorchRec's estimator sizes the collectives by
     assert replanned.comm_precision == half.comm_precision
-    assert torchrec_plan(stats, topo, 512).comm_precision == CommPrecision("fp32", "fp32")
+    default = torchrec_plan(stats, topo, 512)
+    assert given[1] is None and default.comm_precision == CommPrecision("fp32", "fp32")
 
 
 def test_local_search_never_raises_the_step_it_improves():
