@@ -507,7 +507,8 @@ def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str =
             for a in range(len(rows)):
                 r, ta = rank[a], tab[a]
                 ph = loads[:, :nph]
-                norm = np.maximum(ph.max(axis=0), 1e-12)
+                phmax = ph.max(axis=0)
+                norm = np.maximum(phmax, 1e-12)
                 # candidates: move to rank q (nothing comes back), or swap with shard b on rank q
                 sw = np.flatnonzero((rank != r) & (tab != ta))
                 q = np.concatenate([np.arange(W), rank[sw]])
@@ -521,7 +522,7 @@ def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str =
                     continue
                 step = (wt * _max_after(ph, r, q, new_r[:, :nph], new_q[:, :nph])).sum(axis=1)
                 dsq = (wt * (new_r[:, :nph] ** 2 - ph[r] ** 2 + new_q[:, :nph] ** 2 - ph[q] ** 2) / norm ** 2).sum(axis=1)
-                cur_step, tot, cur_tot = (wt * ph.max(axis=0)).sum(), np.zeros(len(q)), 0.0
+                cur_step, tot, cur_tot = (wt * phmax).sum(), np.zeros(len(q)), 0.0
                 if by_total:
                     totals = ph @ wt
                     tot, cur_tot = _max_after(totals, r, q, new_r[:, :nph] @ wt, new_q[:, :nph] @ wt), totals.max()
