@@ -129,6 +129,9 @@ def test_cpu_does_not_pick_options_that_do_not_pay():
     # a network between hosts makes fp16 pay, from the same coefficients
     multi = CostModel(preset("h100x8", 16), 512, coefficients(preset("h100x8", 16)))
     assert choose_precision(multi) == Globals("fp16", "bf16")
+    # … and a slow network between CPU hosts too, in 16-bit types gloo has (it has no bf16)
+    slow = dataclasses.replace(preset("cpu-gloo", 4, 2), inter_host_bw=1e8)
+    assert choose_precision(CostModel(slow, 128, coefficients(slow))) == Globals("fp16", "fp16")
 
 
 def test_a_dominant_table_is_proved_optimal_on_two_ranks():

@@ -45,15 +45,17 @@ def choose_precision(model: CostModel) -> Globals:
     quantized, at both ends): a plan-independent comparison (both scale with the same bytes), so it
     is decided before the solve. w is the bytes' link: inside the host on one host (never more than
     the call's whole per-byte cost; host work per byte is not halved), the network otherwise.
+    Gloo has no bf16 collectives (TorchRec falls back to fp16 there), so a CPU plan says fp16.
     """
     k, multi = model.coeffs, model.topo.num_hosts > 1
+    half_bwd = "bf16" if model.topo.device == "cuda" else "fp16"
 
     def pays(b_intra: float) -> bool:
         wire = k.inter_host_b_s if multi else min(b_intra, k.wire_b_s)
         return k.quantize_b_s < wire
 
     return Globals(forward="fp16" if pays(k.output_dist_fwd.b_s) else "fp32",
-                   backward="bf16" if pays(k.output_dist_bwd.b_s) else "fp32")
+                   backward=half_bwd if pays(k.output_dist_bwd.b_s) else "fp32")
 
 
 def feasible_classes(model: CostModel, stats: list[TableStats], g: Globals) -> dict[str, list[OptionClass]]:
