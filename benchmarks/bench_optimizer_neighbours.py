@@ -1,0 +1,135 @@
+"""Is SparseLift's plan measured-best among its neighbours? Each neighbour changes one decision.
+
+Profile → analyze → `optimize --profile` on one workload at N ranks, then build the plan's
+neighbours: the other train pipeline, the other comm precision (16-bit ↔ fp32), and for
+each sharding type in the plan its heaviest table moved to the option the cost model likes best after
+the current one. All are measured in one interleaved `sparselift bench` run. For each neighbour it
+prints the predicted slowdown (its modelled step ÷ ours) next to the measured one (ours steps/s ÷
+its steps/s, median of rounds, and the range of each round's own ratio): above 1.0 on both sides
+means the optimizer was right not to pick it, and the two columns agreeing is the cost model's
+check on the decisions the plan actually made (e.g. on CPU/gloo, whether fp16 qcomm or the
+sparse-dist pipeline pays).
+
+    .venv/bin/python benchmarks/bench_optimizer_neighbours.py                      # multihot-26, the lead
+    .venv/bin/python benchmarks/bench_optimizer_neighbours.py --quick              # tiny, few steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from sparselift import plans
+from sparselift.bench import Contender, run_bench
+from sparselift.optimizer.calibration import coefficients, load_calibration
+from sparselift.optimizer.cost_model import PHASES, CostModel
+from sparselift.optimizer.planio import choices_from_plan, to_plan
+from sparselift.optimizer.space import Choice, enumerate_classes
+from sparselift.optimizer.stats import TableStats, stats_from_profile
+from sparselift.optimizer.topology import Topology, preset
+from sparselift.workloads.harness import TrainConfig
+
+CLI = [sys.executable, "-m", "sparselift.cli"]
+
+
+def sh(*args: str) -> None:
+    print("$ sparselift " + " ".join(args), file=sys.stderr, flush=True)
+    subprocess.run([*CLI, *args], check=True, stdout=sys.stderr)
+
+
+def placements(cls, topo: Topology) -> list[Choice]:
+    """Every way the model can place one option class (TW on any rank, CW on the first k ranks)."""
+    if cls.located == "all":
+        return [Choice(cls)]
+    if cls.located == "host":
+        return [Choice(cls, host=h) for h in range(topo.num_hosts)]
+    if cls.shards == 1:
+        return [Choice(cls, ranks=(r,)) for r in range(topo.world_size)]
+    return [Choice(cls, ranks=tuple(range(cls.shards)))]
+
+
+def neighbours(plan: plans.Plan, stats: list[TableStats], model: CostModel) -> list[tuple[str, plans.Plan]]:
+    """One decision changed each: pipeline, comm precision, each sharding type's heaviest table."""
+    topo = model.topo
+    by = {s.name: s for s in stats}
+    choices, g = choices_from_plan(plan, topo)
+
+    def make(c, gg) -> plans.Plan:
+        return to_plan(stats, c, topo, gg, module=plan.module)
+
+    other = "base" if g.pipeline == "sparse-dist" else "sparse-dist"
+    out = [(f"pipeline {other}", make(choices, dataclasses.replace(g, pipeline=other)))]
+    if (g.forward, g.backward) == ("fp32", "fp32"):
+        bwd = "bf16" if topo.device == "cuda" else "fp16"  # gloo has no bf16
+        out.append((f"comm fp16 fwd / {bwd} bwd", make(choices, dataclasses.replace(g, forward="fp16", backward=bwd))))
+    else:
+        out.append(("comm fp32", make(choices, dataclasses.replace(g, forward="fp32", backward="fp32"))))
+
+    def load(name: str) -> float:  # the table's own phase seconds on the rank holding it
+        return sum(model.terms(by[name], choices[name].cls, g).own[:len(PHASES)])
+
+    for st in sorted({c.cls.sharding_type for c in choices.values()}):
+        name = max((n for n, c in choices.items() if c.cls.sharding_type == st), key=load)
+        options = [ch for cls in enumerate_classes(by[name], topo, model.batch_size)
+                   if cls.sharding_type != st for ch in placements(cls, topo)]
+        if not options:
+            continue
+        best = min(options, key=lambda ch: model.evaluate(by, {**choices, name: ch}, g).step_time_s)
+        where = f" rank {best.ranks[0]}" if len(best.ranks) == 1 else ""
+        out.append((f"{name}: {st} → {best.cls.label}{where}", make({**choices, name: best}, g)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="multihot-26")
+    ap.add_argument("--max-rows", type=int, default=200_000)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--quick", action="store_true", help="tiny, 5 steps, 1 round: checks the script")
+    args = ap.parse_args()
+    if args.quick:
+        args.workload, args.steps, args.rounds = "tiny", 5, 1
+    cap = ["--max-rows", str(args.max_rows)]
+    with tempfile.TemporaryDirectory(prefix="sparselift-neighbours-") as tmp:
+        prof, ours = Path(tmp, "profile"), Path(tmp, "sparselift.json")
+        sh("profile", "--workload", args.workload, "--nproc", str(args.nproc), *cap, "--out", str(prof))
+        sh("analyze", str(prof))
+        sh("optimize", "--profile", str(prof), "--time-limit", str(args.time_limit), "--out", str(ours))
+        plan = plans.load(ours)
+        stats, batch = stats_from_profile(prof)
+        topo = preset("cpu-gloo", args.nproc)
+        model = CostModel(topo, batch, coefficients(topo, load_calibration(prof / "calibration.json")))
+        by = {s.name: s for s in stats}
+        contenders, predicted = [Contender("sparselift", str(ours))], {}
+        ours_s = model.evaluate(by, *choices_from_plan(plan, topo)).step_time_s
+        for i, (label, p) in enumerate(neighbours(plan, stats, model)):
+            path = Path(tmp, f"neighbour-{i}.json")
+            plans.save(p, path)
+            contenders.append(Contender(label, str(path)))
+            predicted[label] = model.evaluate(by, *choices_from_plan(p, topo)).step_time_s / ours_s
+        cfg = TrainConfig(workload=args.workload, nproc=args.nproc, steps=args.steps, max_rows=args.max_rows)
+        result = run_bench(cfg, contenders, args.rounds, echo=lambda s: print(s, file=sys.stderr, flush=True))
+
+    first = result.contenders[0]
+    print(f"{args.workload} (max rows {args.max_rows:,}), {args.nproc} ranks, {args.rounds} interleaved rounds × "
+          f"{args.steps} steps; SparseLift's plan: {first.median:.2f} steps/s, predicted {ours_s * 1e3:.1f} ms")
+    w = max(len(c.label) for c in result.contenders)
+    print(f"  {'neighbour (one decision changed)':{w}s} {'pred. ×':>8s} {'meas. ×':>8s} {'by round':>15s}  agree")
+    for c in result.contenders[1:]:
+        by_round = [a / b for a, b in zip(first.steps_per_s, c.steps_per_s)]
+        meas = first.median / c.median
+        agree = "yes" if (predicted[c.label] > 1) == (meas > 1) else "no"
+        print(f"  {c.label:{w}s} {predicted[c.label]:8.3f} {meas:8.3f} {min(by_round):7.3f} – {max(by_round):.3f}"
+              f"  {agree}")
+    print("  (× = the neighbour's step ÷ SparseLift's: above 1.0, SparseLift's plan is the faster)")
+
+
+if __name__ == "__main__":
+    main()
