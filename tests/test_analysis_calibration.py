@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from sparselift import plans
-from sparselift.analysis.calibration import FORMAT, UNITS, _fit_calls
+from sparselift.analysis.calibration import FORMAT, UNITS, _fit_calls, dp_allreduce_fit
 from sparselift.analysis.commands import analyze, write_outputs
 from sparselift.errors import UserError
 from sparselift.optimizer.calibration import load_calibration
@@ -40,6 +40,21 @@ def test_fit_calls_uses_sizes_when_they_differ_and_the_measured_fixed_cost_other
     assert _fit_calls([5, 5, 5], [10, 10, 10]) == (0.0, 2.0)  # one size, no prior: per unit
     assert _fit_calls([5, 5, 5], [10, 10, 10], fixed=4.0) == (4.0, 1.2)  # one size: the prior, rest per unit
     assert _fit_calls([5, 5], [1, 1], fixed=4.0) == (1.0, 0.0)  # never more than a call took
+
+
+def test_one_slow_allreduce_does_not_price_every_data_parallel_table():
+    import pandas as pd
+
+    # 8 allreduces of 1 MB, 1 ms of transfer each (1e-9 s a byte; the rank's own span adds its wait
+    # for the peer), but one that a late peer thread made 10 ms long: a mean would say 2.1e-9
+    ms = [1e-3] * 7 + [10e-3]
+    dp = pd.DataFrame({"kind": "dp_allreduce", "part": "collective", "bytes": 1e6, "transfer_s": ms,
+                       "dur_s": [t + 5e-3 for t in ms]})
+    other = pd.DataFrame({"kind": ["dp_allreduce", "lookup_fwd"], "part": ["wait", "compute"], "bytes": [0, 1e6],
+                          "transfer_s": [None, None], "dur_s": [1.0, 1.0]})
+    fit = dp_allreduce_fit(pd.concat([dp, other], ignore_index=True))
+    assert fit.b_s == pytest.approx(1e-9) and fit.n == 8
+    assert dp_allreduce_fit(other) is None
 
 
 def test_calibration_file_roundtrip(analyses, tmp_path):
