@@ -5,7 +5,9 @@ after training, background C++ threads of the process group (gloo's, the c10d st
 joinable when the interpreter tears down static objects, which aborts the process with
 "terminate called without an active exception" and turns a finished run into a failure. Exiting
 directly after an orderly `destroy_process_group()` skips that teardown, so the exit code reports
-what the run did. Failures go to torchelastic's error file, which the launcher reports.
+what the run did. Failures go to torchelastic's error file, which the launcher reports, and the rank
+exits at once without leaving the group: leaving can wait on peers still in a collective, and a peer
+that fails first (its collective broken) would then be the only failure the launcher sees.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ if __name__ == "__main__":
         try:
             import torch.distributed as dist
 
-            if dist.is_initialized():
+            if code == 0 and dist.is_initialized():
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001
             pass
