@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sparselift import plans
@@ -43,8 +44,6 @@ def test_fit_calls_uses_sizes_when_they_differ_and_the_measured_fixed_cost_other
 
 
 def test_one_slow_allreduce_does_not_price_every_data_parallel_table():
-    import pandas as pd
-
     # 8 allreduces of 1 MB, 1 ms of transfer each (1e-9 s a byte; the rank's own span adds its wait
     # for the peer), but one that a late peer thread made 10 ms long: a mean would say 2.1e-9
     ms = [1e-3] * 7 + [10e-3]

@@ -201,7 +201,7 @@ def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
     """Per-byte transfer of the data-parallel gradient allreduces (the dense module's too): the median
     call's. A call of this size is a few gloo round trips, and a peer thread scheduled late makes one
     call several times slower; a mean over the few profiled calls would let one such call price every
-    data-parallel table (seen: 1.9e-9 to 6.9e-9 s a byte across profiles of one job)."""
+    data-parallel table."""
     dp = nodes[(nodes["kind"] == "dp_allreduce") & (nodes["part"] == "collective") & (nodes["bytes"] > 0)]
     if dp.empty:
         return None
