@@ -4,8 +4,8 @@ Per workload (tiny, multihot-26, criteo-kaggle; capped by --max-rows) at 2 ranks
 `sparselift optimize` (from a profile + calibration when --from-profile, else from the workload
 spec), write the DLRM-reference round-robin plan, then one interleaved `sparselift bench` run of the
 contenders. Target: ≥ 1.26× over TorchRec's plan. The ratios are of medians over rounds; the last
-column is the range of each round's own ratio (rounds interleave the plans, so a round pairs runs
-under the same host state), which shows how far one run of the benchmark can land from another.
+column is the median and range of each round's own ratio (rounds interleave the plans, so a round
+pairs runs under the same host state), which shows how far one run can land from another.
 
 Two TorchRec plans are measured: the planner as a trainer gets it by default (`--vs torchrec`: real
 topology, no constraints — it assumes one id per sample), and the planner given the same pooling
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,13 +88,13 @@ def main() -> None:
                                 vs_torchrec=sl / tr, vs_torchrec_informed=sl / tri, vs_round_robin=sl / rrv,
                                 vs_torchrec_by_round=paired))
     print(f"\n{'workload':14s} {'SparseLift':>11s} {'TorchRec':>9s} {'TR+stats':>9s} {'round-robin':>11s} "
-          f"{'×TorchRec':>10s} {'×TR+stats':>10s} {'×round-robin':>12s} {'×TorchRec by round':>19s}"
+          f"{'×TorchRec':>10s} {'×TR+stats':>10s} {'×round-robin':>12s} {'×TorchRec by round: median (range)':>35s}"
           f"   (steps/s, {args.nproc} ranks)")
     for s in summary:
         r = s["vs_torchrec_by_round"]
         print(f"{s['workload']:14s} {s['sparselift']:11.2f} {s['torchrec']:9.2f} {s['torchrec_informed']:9.2f} "
               f"{s['round_robin']:11.2f} {s['vs_torchrec']:10.3f} {s['vs_torchrec_informed']:10.3f} "
-              f"{s['vs_round_robin']:12.3f} {min(r):9.3f} – {max(r):.3f}")
+              f"{s['vs_round_robin']:12.3f} {statistics.median(r):16.3f} ({min(r):.3f} – {max(r):.3f})")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
 
