@@ -30,7 +30,7 @@ from sparselift.optimizer.cost_model import PHASES, CostModel
 from sparselift.optimizer.planio import choices_from_plan, to_plan
 from sparselift.optimizer.space import Choice, enumerate_classes
 from sparselift.optimizer.stats import TableStats, stats_from_profile
-from sparselift.optimizer.topology import Topology, preset
+from sparselift.optimizer.topology import Topology, profiled_topology
 from sparselift.workloads.harness import TrainConfig
 
 CLI = [sys.executable, "-m", "sparselift.cli"]
@@ -104,8 +104,9 @@ def main() -> None:
         sh("optimize", "--profile", str(prof), "--time-limit", str(args.time_limit), "--out", str(ours))
         plan = plans.load(ours)
         stats, batch = stats_from_profile(prof)
-        topo = preset("cpu-gloo", args.nproc)
-        model = CostModel(topo, batch, coefficients(topo, load_calibration(prof / "calibration.json")))
+        cal = load_calibration(prof / "calibration.json")
+        topo = profiled_topology(cal, str(prof))
+        model = CostModel(topo, batch, coefficients(topo, cal))
         by = {s.name: s for s in stats}
         contenders, predicted = [Contender("sparselift", str(ours))], {}
         ours_s = model.evaluate(by, *choices_from_plan(plan, topo)).step_time_s

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +66,28 @@ def test_refusals(tmp_path, capsys, case):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and want in err[0]
     assert not out.exists() and not list(tmp_path.glob(".plan.json*"))
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H200", None])
+def test_a_cuda_profile_is_planned_for_its_gpu_not_for_a_cpu(tmp_path, capsys, gpu):
+    prof, out = tmp_path / "prof", tmp_path / "p.json"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "profile_tiny_table_wise", prof)
+    assert main(["analyze", str(prof)]) == 0
+    cal = json.loads((prof / "calibration.json").read_text())
+    assert cal["provenance"]["manifest"]["local_world_size"] == 2  # what the profile ran on travels along
+    cal["device"] = "cuda"  # as if profiled on GPUs, which this machine has none of
+    cal["provenance"]["manifest"]["gpu"] = gpu
+    (prof / "calibration.json").write_text(json.dumps(cal))
+    capsys.readouterr()
+    rc = _run("--profile", str(prof), "--out", str(out), "--time-limit", "4", "--no-baseline")
+    if gpu:
+        assert rc == 0
+        topo = plans.load(out).topology
+        assert (topo.device, topo.preset, topo.world_size, topo.local_world_size) == ("cuda", "h200x8", 2, 2)
+    else:  # no preset to plan with: said, not planned for a CPU instead
+        assert rc == 2 and not out.exists()
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "profiled on CUDA" in err[0] and "--device" in err[0] and str(prof) in err[0]
 
 
 def test_plan_loads_and_trains(tmp_path):

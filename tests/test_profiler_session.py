@@ -89,6 +89,7 @@ def test_user_loop_on_two_ranks(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format"] == "sparselift-profile" and manifest["version"] == 1
     assert manifest["world_size"] == 2 and manifest["profiled_steps"] == [2, 3]
+    assert manifest["device"] == "cpu" and manifest["gpu"] is None
     assert manifest["pipeline"] is None and len(manifest["step_times_s"]) == 2
     assert all(len(t) == 4 for t in manifest["step_times_s"])
     assert [t["name"] for t in manifest["tables"]] == [f"t{i}" for i in range(8)]

@@ -249,8 +249,9 @@ def calibrate(nodes: pd.DataFrame, steps: pd.DataFrame, manifest: dict[str, Any]
     best = by_step["step_s"].idxmin()
     dense = float(by_step.at[best, "step_s"] - by_step.at[best, "sparse"])
     prov = {"profile": str(profile), "created_unix": time.time(),
-            "manifest": {k: manifest.get(k) for k in ("versions", "workload", "world_size", "device", "backend",
-                                                        "batch_size", "pipeline", "profiled_steps")},
+            "manifest": {k: manifest.get(k) for k in ("versions", "workload", "world_size", "local_world_size",
+                                                        "device", "gpu", "backend", "batch_size", "pipeline",
+                                                        "profiled_steps")},
             "samples": int(len(calls)), "step_time_s_median": float(by_step["step_s"].median()),
             "step_time_s_min": float(by_step["step_s"].min())}
     return Calibration(device=device, backend=manifest.get("backend"),

@@ -17,8 +17,9 @@ def register(sub) -> None:
     p.add_argument("--calibration", metavar="FILE", help="with --workload: a calibration.json to price with")
     p.add_argument("--topology", metavar="FILE", help="a topology file (format sparselift-topology)")
     p.add_argument("--world-size", type=int, default=None, help="ranks (default: the profile's, else 2)")
-    p.add_argument("--local-world-size", type=int, default=None, help="ranks per host")
-    p.add_argument("--device", default=None, help="preset: cpu-gloo (default), h100x8, h200x8")
+    p.add_argument("--local-world-size", type=int, default=None, help="ranks per host (default: the profile's)")
+    p.add_argument("--device", default=None, help="preset: cpu-gloo, h100x8, h200x8 (default: the hardware "
+                                                   "the profile or calibration ran on, else cpu-gloo)")
     p.add_argument("--max-rows", type=int, default=None, help="with --workload: cap every table's rows")
     p.add_argument("--batch-size", type=int, default=None, help="samples per rank (default: workload/profile)")
     p.add_argument("--time-limit", type=float, default=30.0, help="solver seconds (default 30)")
@@ -40,7 +41,7 @@ def _inputs(args: argparse.Namespace):
     from sparselift.optimizer.calibration import coefficients, dense_step_estimate, load_calibration
     from sparselift.optimizer.optimize import Inputs
     from sparselift.optimizer.stats import stats_from_profile, stats_from_spec
-    from sparselift.optimizer.topology import load_topology, preset
+    from sparselift.optimizer.topology import load_topology, preset, profiled_topology
 
     calibration, spec = None, None
     if args.profile:
@@ -65,9 +66,11 @@ def _inputs(args: argparse.Namespace):
         if args.world_size or args.device:
             raise UserError("--topology already says the world size and device; drop --world-size/--device")
         topo = load_topology(args.topology)
-    else:
+    elif args.device:
         world = args.world_size or int((calibration or {}).get("world_size", 2))
-        topo = preset(args.device or "cpu-gloo", world, args.local_world_size)
+        topo = preset(args.device, world, args.local_world_size)
+    else:
+        topo = profiled_topology(calibration, args.profile or args.calibration, args.world_size, args.local_world_size)
     dense = dense_step_estimate(spec, topo, batch) if spec is not None else 0.0
     provenance["topology"] = topo.preset or args.topology
     return Inputs(stats, topo, batch, coefficients(topo, calibration, dense), provenance)

@@ -125,6 +125,29 @@ PRESETS = {
     "h100x8": lambda w, l: _gpu_host("h100x8", 80 * 10**9, 3.35e12, w, l),
     "h200x8": lambda w, l: _gpu_host("h200x8", 141 * 10**9, 4.8e12, w, l),
 }
+GPU_PRESETS = {"H100": "h100x8", "H200": "h200x8"}  # a profile's CUDA device name → its host preset
+
+
+def profiled_topology(calibration: dict[str, Any] | None, where: str, world_size: int | None = None,
+                      local_world_size: int | None = None) -> Topology:
+    """The preset for the hardware a calibration's profile ran on, at its ranks unless told.
+
+    CPU profiles get cpu-gloo; CUDA profiles the preset of the GPU model the profile recorded. A GPU
+    no preset describes is refused rather than planned for as if it were a CPU.
+    """
+    cal = calibration or {}
+    ran = (cal.get("provenance") or {}).get("manifest") or {}
+    world = world_size or int(cal.get("world_size") or 2)
+    if local_world_size is None and world == ran.get("world_size"):
+        local_world_size = ran.get("local_world_size")
+    if cal.get("device", "cpu") == "cpu":
+        return preset("cpu-gloo", world, local_world_size)
+    gpu = str(ran.get("gpu") or "")
+    name = next((p for model, p in GPU_PRESETS.items() if model in gpu.upper()), None)
+    if name is None:
+        raise UserError(f"{where}: profiled on CUDA ({gpu or 'GPU model not recorded'}), which no preset "
+                        f"describes: say which with --device ({', '.join(GPU_PRESETS.values())}) or --topology FILE")
+    return preset(name, world, local_world_size)
 
 
 def preset(name: str, world_size: int, local_world_size: int | None = None) -> Topology:

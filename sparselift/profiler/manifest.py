@@ -2,7 +2,7 @@
 
 Format "sparselift-profile", version 1. Keys (all always present; unknown values are null):
   format, version, created_unix, versions{sparselift, torch, torchrec, fbgemm_gpu, python},
-  command, workload, world_size, local_world_size, device, backend, batch_size,
+  command, workload, world_size, local_world_size, device, gpu (rank 0's CUDA device name), backend, batch_size,
   warmup, profiled_steps[], tables[{name, num_embeddings, embedding_dim, feature_names, pooling,
   pooling_factor, zipf_alpha, pooling_type, module, zipf_alpha_fitted}],
   sharding[{table, module, sharding_type, compute_kernel, ranks, shards[{rank, offsets, sizes}],
@@ -79,6 +79,7 @@ class ProfileFacts:
     command: list[str] | None = None
     workload: str | None = None
     errors: list[str] = field(default_factory=list)
+    gpu: str | None = None  # what `optimize` picks a topology preset by
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

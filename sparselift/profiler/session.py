@@ -226,6 +226,7 @@ class ProfileSession:
             execution_traces=[et_name(r.rank) for r in reports if et_name(r.rank) in r.files],
             command=self.command if self.command is not None else list(sys.argv), workload=self.workload,
             errors=[f"rank {r.rank}: {e}" for r in reports for e in r.errors],
+            gpu=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
         )
         self.result = dict(rows=rows, facts=asdict(facts))
         if self.write_files:
