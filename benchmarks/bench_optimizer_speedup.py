@@ -26,9 +26,8 @@ import tempfile
 from pathlib import Path
 
 from sparselift import plans
-from sparselift.optimizer.planio import fingerprints, plan_topology
+from sparselift.optimizer.planio import fingerprints
 from sparselift.optimizer.stats import stats_from_spec
-from sparselift.optimizer.topology import preset
 from sparselift.workloads.spec import load_workload
 
 CLI = [sys.executable, "-m", "sparselift.cli"]
@@ -70,8 +69,8 @@ def main() -> None:
                 sh("optimize", "--workload", wl, *cap, "--world-size", str(args.nproc),
                    "--time-limit", str(args.time_limit), "--out", str(ours), "--baseline-out", str(informed))
             spec = load_workload(wl).capped(args.max_rows)
-            plans.save(plans.round_robin_table_wise(fingerprints(stats_from_spec(spec)),
-                                                    plan_topology(preset("cpu-gloo", args.nproc))), rr)
+            # on the topology SparseLift planned for (a GPU host's, where the ranks run on GPUs)
+            plans.save(plans.round_robin_table_wise(fingerprints(stats_from_spec(spec)), plans.load(ours).topology), rr)
             sh("bench", "--workload", wl, *cap, "--nproc", str(args.nproc), "--steps", str(args.steps),
                "--rounds", str(args.rounds), "--plan", str(ours), "--plan", str(informed), "--plan", str(rr),
                "--vs", "torchrec",
