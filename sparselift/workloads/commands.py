@@ -11,7 +11,7 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     """The flags every command that trains shares (train, profile, bench)."""
     p.add_argument("--workload", required=True, help="built-in name (tiny, criteo-kaggle, multihot-26) or a spec path")
     p.add_argument("--nproc", type=int, default=2, help="ranks to launch on this host (default 2)")
-    p.add_argument("--steps", type=int, default=30, help="measured steps (default 30)")
+    p.add_argument("--steps", type=int, default=30, help="measured steps (default %(default)s)")
     p.add_argument("--warmup", type=int, default=5, help="steps before measuring (default 5)")
     p.add_argument("--max-rows", type=int, default=None, help="hash ids into at most this many rows per table")
     p.add_argument("--batch-size", type=int, default=None, help="samples per rank (default: the workload's)")
