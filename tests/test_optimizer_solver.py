@@ -227,8 +227,6 @@ def test_torchrec_table_estimates_add_up_to_its_verdict():
 def test_torchrec_referee_prices_a_plans_comm_precision(monkeypatch):
     # the same plan with fp16 / bf16 collectives: TorchRec's estimator sizes them by the qcomm codecs
     # the plan sets, so its comms cost about half and its lookups the same
-    import dataclasses
-
     from sparselift.optimizer.planio import to_plan
     from sparselift.optimizer.space import TW, OptionClass
     from sparselift.optimizer.synthetic import synthetic_stats

@@ -41,7 +41,7 @@ def _inputs(args: argparse.Namespace):
     from sparselift.optimizer.calibration import coefficients, dense_step_estimate, load_calibration
     from sparselift.optimizer.optimize import Inputs
     from sparselift.optimizer.stats import stats_from_profile, stats_from_spec
-    from sparselift.optimizer.topology import load_topology, preset, profiled_topology
+    from sparselift.optimizer.topology import load_topology, profiled_topology
 
     calibration, spec = None, None
     if args.profile:
@@ -66,11 +66,9 @@ def _inputs(args: argparse.Namespace):
         if args.world_size or args.device:
             raise UserError("--topology already says the world size and device; drop --world-size/--device")
         topo = load_topology(args.topology)
-    elif args.device:
-        world = args.world_size or int((calibration or {}).get("world_size", 2))
-        topo = preset(args.device, world, args.local_world_size)
     else:
-        topo = profiled_topology(calibration, args.profile or args.calibration, args.world_size, args.local_world_size)
+        topo = profiled_topology(calibration, args.profile or args.calibration, args.world_size,
+                                 args.local_world_size, args.device)
     dense = dense_step_estimate(spec, topo, batch) if spec is not None else 0.0
     provenance["topology"] = topo.preset or args.topology
     return Inputs(stats, topo, batch, coefficients(topo, calibration, dense), provenance)

@@ -129,8 +129,9 @@ GPU_PRESETS = {"H100": "h100x8", "H200": "h200x8"}  # a profile's CUDA device na
 
 
 def profiled_topology(calibration: dict[str, Any] | None, where: str, world_size: int | None = None,
-                      local_world_size: int | None = None) -> Topology:
-    """The preset for the hardware a calibration's profile ran on, at its ranks unless told.
+                      local_world_size: int | None = None, device: str | None = None) -> Topology:
+    """The preset `device`, else the one for the hardware a calibration's profile ran on, at the
+    profile's ranks unless told.
 
     CPU profiles get cpu-gloo; CUDA profiles the preset of the GPU model the profile recorded. A GPU
     no preset describes is refused rather than planned for as if it were a CPU.
@@ -138,6 +139,8 @@ def profiled_topology(calibration: dict[str, Any] | None, where: str, world_size
     cal = calibration or {}
     ran = (cal.get("provenance") or {}).get("manifest") or {}
     world = world_size or int(cal.get("world_size") or 2)
+    if device:
+        return preset(device, world, local_world_size)
     if local_world_size is None and world == ran.get("world_size"):
         local_world_size = ran.get("local_world_size")
     if cal.get("device", "cpu") == "cpu":

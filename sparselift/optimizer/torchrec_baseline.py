@@ -215,9 +215,9 @@ def torchrec_cost(plan_list: list[plans.Plan], stats: list[TableStats], topo: To
                 o.shards = ([Shard(size=list(s.sizes), offset=list(s.offsets), rank=s.rank) for s in t.shards]
                             if t.shards else
                             [Shard(size=list(base.shards[0].size), offset=[0, 0], rank=r) for r in t.ranks])
-                if t.cache_load_factor is not None and o.cache_params is not None:
+                if t.cache_share is not None and o.cache_params is not None:
                     o.cache_params = copy.copy(o.cache_params)
-                    o.cache_params.load_factor = t.cache_load_factor
+                    o.cache_params.load_factor = t.cache_share
                 chosen.append(o)
             estimator.estimate(chosen, _with_precision(sharder_data, p))
             parts = {k: [0.0] * topo.world_size for k in PERF_PARTS}
