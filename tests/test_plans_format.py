@@ -92,6 +92,21 @@ def test_schema_violations_are_all_listed(tmp_path):
     assert len(e.value.problems) == 4
 
 
+def test_a_trainer_without_jsonschema_still_refuses_a_bad_plan(tmp_path, monkeypatch):
+    from sparselift.plans import schema
+
+    d = doc(round_robin())
+    d["pipeline"] = "turbo"
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # import jsonschema now raises ImportError
+    schema._validator.cache_clear()
+    try:
+        with pytest.raises(PlanError, match="does not match plan.schema.json"):
+            plans.load(write(tmp_path / "s.json", d))
+        assert plans.load(write(tmp_path / "ok.json", doc(round_robin()))).pipeline == "base"
+    finally:
+        schema._validator.cache_clear()
+
+
 def test_consistency_problems_are_all_listed():
     d = doc(mixed())
     t = {x["name"]: x for x in d["tables"]}

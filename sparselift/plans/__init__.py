@@ -1,7 +1,7 @@
 """SparseLift plans: the file format, its validation, and the loader that turns a plan into TorchRec.
 
-Imports only the standard library, torch, torchrec and jsonschema — never pandas, ortools or plotting —
-so a production trainer pays milliseconds to load a plan. torchrec is imported on first use of a
+Imports only the standard library, torch and torchrec — never pandas, ortools or plotting — so a
+production trainer pays milliseconds to load a plan; jsonschema, where installed, explains a bad one. torchrec is imported on first use of a
 TorchRec verb (`sharding_plan`, `apply`, …), so reading and checking a plan is cheaper still.
 
     plan = sparselift.plans.load("plan.json")

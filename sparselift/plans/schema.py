@@ -41,7 +41,11 @@ def schema_problems(d: Any) -> list[str]:
                 f"upgrade SparseLift"]
     if _fast_check()(d):
         return []  # conforms; jsonschema is only needed to explain what does not
-    errors = sorted(_validator().iter_errors(d), key=lambda e: [str(p) for p in e.absolute_path])
+    try:
+        validator = _validator()
+    except ImportError:  # a trainer's environment without jsonschema still refuses, just less precisely
+        return ["does not match plan.schema.json (install jsonschema to see where)"]
+    errors = sorted(validator.iter_errors(d), key=lambda e: [str(p) for p in e.absolute_path])
     return [f"{_where(d, e.absolute_path)}: {e.message}" for e in errors]
 
 
