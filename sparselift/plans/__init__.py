@@ -1,8 +1,9 @@
 """SparseLift plans: the file format, its validation, and the loader that turns a plan into TorchRec.
 
 Imports only the standard library, torch and torchrec — never pandas, ortools or plotting — so a
-production trainer pays milliseconds to load a plan; jsonschema, where installed, explains a bad one. torchrec is imported on first use of a
-TorchRec verb (`sharding_plan`, `apply`, …), so reading and checking a plan is cheaper still.
+production trainer pays milliseconds to load a plan; jsonschema, where installed, explains a bad one.
+torchrec is imported on first use of a TorchRec verb (`sharding_plan`, `apply`, …), so reading and
+checking a plan is cheaper still.
 
     plan = sparselift.plans.load("plan.json")
     model = plan.apply(model, pg=pg, device=device)   # checks the model first, then DMP
