@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from sparselift import plans
-from sparselift.analysis.calibration import FORMAT, UNITS, _fit_calls, dp_allreduce_fit
+from sparselift.analysis.calibration import FORMAT, UNITS, _fit_calls, dp_allreduce_fit, sync_wait
 from sparselift.analysis.commands import analyze, write_outputs
 from sparselift.errors import UserError
-from sparselift.optimizer.calibration import load_calibration
+from sparselift.optimizer.calibration import coefficients, load_calibration
 from sparselift.optimizer.cost_model import predict_plan
 from sparselift.optimizer.stats import stats_from_profile
 from sparselift.optimizer.topology import preset
@@ -56,6 +56,25 @@ def test_one_slow_allreduce_does_not_price_every_data_parallel_table():
     assert dp_allreduce_fit(other) is None
 
 
+def _waits(waits_by_rank):
+    return pd.DataFrame([dict(rank=r, step=t, group="table_wise", wait=w)
+                         for r, ws in enumerate(waits_by_rank) for t, w in enumerate(ws)])
+
+
+def test_a_collective_is_priced_for_ranks_arriving_at_random_not_for_steady_imbalance():
+    # rank 1 always waits 3 ms for rank 0 (imbalance: the makespan prices it), nothing random
+    assert sync_wait(_waits([[0.0] * 6, [3e-3] * 6])) == pytest.approx(0.0)
+    # on top of it, rank 0 is 2 ms late on half the steps, rank 1 on the other half: each step's
+    # latest rank is 1 ms behind the ranks' mean
+    r0 = [0.0, 2e-3, 0.0, 2e-3, 0.0, 2e-3]
+    r1 = [5e-3, 3e-3, 5e-3, 3e-3, 5e-3, 3e-3]
+    assert sync_wait(_waits([r0, r1])) == pytest.approx(1e-3)
+    assert sync_wait(_waits([r0[:2], r1[:2]])) == 0.0  # too few steps to tell
+    # the optimizer pays it with every call of that distribution
+    cal = {"device": "cpu", "ops": {"output_dist_fwd": {"x": "bytes", "a_s": 3e-4, "b_s": 2e-9, "sync_s": 1e-3}}}
+    assert coefficients(preset("cpu-gloo", 2, 2), cal).output_dist_fwd.a_s == pytest.approx(1.3e-3)
+
+
 def test_calibration_file_roundtrip(analyses, tmp_path):
     a = analyses["table_wise"]
     write_outputs(a, tmp_path)
@@ -63,12 +82,17 @@ def test_calibration_file_roundtrip(analyses, tmp_path):
     assert d["format"] == FORMAT and d["version"] == 1 and d["world_size"] == 2
     assert set(UNITS) <= set(d["ops"])
     for v in d["ops"].values():
-        assert {"x", "a_s", "b_s", "r2", "n", "overlap"} <= set(v) and 0 <= v["overlap"] <= 1
+        assert {"x", "a_s", "b_s", "r2", "n", "overlap", "sync_s"} <= set(v) and 0 <= v["overlap"] <= 1
+        assert v["sync_s"] >= 0 and (v["sync_s"] == 0 or v["x"] == "bytes")
     cal = load_calibration(tmp_path / "calibration.json")
     assert cal["dense_step_s"] == d["dense_step_s"] > 0
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(UserError, match="bad.json"):
         load_calibration(tmp_path / "bad.json")
+    d["ops"]["input_dist"]["sync_s"] = "slow"
+    (tmp_path / "bad2.json").write_text(json.dumps(d))
+    with pytest.raises(UserError, match="bad2.json: op 'input_dist': sync_s must be a number"):
+        load_calibration(tmp_path / "bad2.json")
 
 
 def test_predicts_its_own_plan(analyses):

@@ -3,7 +3,8 @@
 duration_s ≈ a_s + b_s · x per op kind and call (units in docs/CONTRACTS.md), fitted on the quieter
 half of the profiled steps. Distribution calls count the bytes each rank moves as the plan splits
 them (`volumes`), the same count the optimizer's cost model uses, and are fitted on the rank that
-waited least, so that waiting for a slow peer is not mistaken for bandwidth. A profile sees about
+waited least, so that waiting for a slow peer is not mistaken for bandwidth; what ranks arriving at
+random add to each collective is priced apart, per call (`sync_s`). A profile sees about
 one size per call, so each call's fixed cost comes from measuring that call on its own
 (`kernels.CPU_CALL_S`) unless the profile's calls differ enough in size to tell. `overlap` is the
 share of the stage's transfer hidden behind other work. `dense_step_s` is what is left of the fastest
@@ -39,10 +40,11 @@ class OpFit:
     n: int  # calls fitted on
     overlap: float = 0.0  # share of the collectives' transfer hidden behind other work (informative)
     calls: float = 1.0  # calls per rank and step in the profile (sharding-type groups)
+    sync_s: float = 0.0  # distributions: the step's expected wait per call for ranks arriving at random
 
     def cost(self, x: float, calls: float = 1.0) -> float:
         """Exposed duration of `calls` calls that handle x in all (the fit is on exposed time)."""
-        return max(0.0, self.a_s * calls + self.b_s * x)
+        return max(0.0, (self.a_s + self.sync_s) * calls + self.b_s * x)
 
 
 @dataclass
@@ -193,8 +195,25 @@ def fit_ops(calls: pd.DataFrame, fixed: dict[str, float] | None = None) -> dict[
         tr = s["transfer"].sum()
         overlap = 0.0 if kind.startswith("lookup") or tr <= 0 else float(np.clip(1 - s["wait"].sum() / tr, 0, 1))
         ops[kind] = OpFit(x=UNITS.get(kind, "x"), a_s=a, b_s=float(b), r2=r2, n=int(len(s)), overlap=overlap,
-                          calls=float(s.groupby(["rank", "step"])["calls"].first().mean()))
+                          calls=float(s.groupby(["rank", "step"])["calls"].first().mean()),
+                          sync_s=0.0 if kind.startswith("lookup") else sync_wait(s))
     return ops
+
+
+def sync_wait(calls: pd.DataFrame) -> float:
+    """What one collective adds to the step because ranks reach it at random moments (busy cores
+    schedule each rank's threads late by a varying amount), per call: a sync point waits for the
+    last rank. A rank's lateness at a call is its usual wait there (median over steps: the systematic
+    imbalance, which the makespan prices already) minus this step's; the step pays the latest rank's
+    lateness over the ranks' mean. Averaged over the profile's calls; 0 without ≥ 2 ranks and 3 steps."""
+    out = []
+    for _, g in calls.groupby("group"):
+        w = g.pivot_table(index="step", columns="rank", values="wait")
+        if w.shape[1] < 2 or len(w) < 3:
+            continue
+        late = w.median() - w
+        out.append(float((late.max(axis=1) - late.mean(axis=1)).mean()))
+    return float(np.mean(out)) if out else 0.0
 
 
 def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:

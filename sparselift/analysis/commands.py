@@ -90,8 +90,10 @@ def run_analyze(args: argparse.Namespace) -> int:
         for line in a.unplaced:
             print(f"  {line}")
     cal = a.calibration
-    print("calibration: " + ", ".join(f"{k} a={v.a_s * 1e3:.3f}ms b={v.b_s:.3g}/{v.x} r2={v.r2:.2f} n={v.n}"
-                                       for k, v in cal.ops.items()) + f"; dense_step {cal.dense_step_s * 1e3:.2f} ms")
+    print("calibration: " + ", ".join(
+        f"{k} a={v.a_s * 1e3:.3f}ms" + (f" sync={v.sync_s * 1e3:.3f}ms" if v.sync_s else "")
+        + f" b={v.b_s:.3g}/{v.x} r2={v.r2:.2f} n={v.n}" for k, v in cal.ops.items())
+        + f"; dense_step {cal.dense_step_s * 1e3:.2f} ms")
     print(f"wrote {', '.join(OUTPUTS)} to {out}")
     if args.html:
         from sparselift.analysis.report import write_report

@@ -95,6 +95,8 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
     for kind, op in d["ops"].items():
         if not isinstance(op, dict) or not all(isinstance(op.get(k), (int, float)) for k in ("a_s", "b_s")):
             raise UserError(f"{where}: op {kind!r} needs numeric a_s and b_s")
+        if not isinstance(op.get("sync_s", 0.0), (int, float)):
+            raise UserError(f"{where}: op {kind!r}: sync_s must be a number")
     return d
 
 
@@ -114,7 +116,8 @@ def coefficients(topo: Topology, calibration: dict[str, Any] | None = None,
         # lookups are fitted per unit of `sparselift.kernels.lookup_work`; a fit in another unit
         # (an older calibration) would be read in the wrong unit, so the preset's value stays
         if kind in ops and (not kind.startswith("lookup") or ops[kind].get("x") == LOOKUP_UNIT):
-            kw[kind] = Linear(max(0.0, float(ops[kind]["a_s"])), max(0.0, float(ops[kind]["b_s"])))
+            fixed = float(ops[kind]["a_s"]) + float(ops[kind].get("sync_s", 0.0))  # sync: distributions
+            kw[kind] = Linear(max(0.0, fixed), max(0.0, float(ops[kind]["b_s"])))
     if "qcomm_quantize" in ops:  # analysis may fit the fp16 conversion; else the preset's rate
         kw["quantize_b_s"] = max(0.0, float(ops["qcomm_quantize"]["b_s"]))
     if "dp_allreduce" in ops and "overlap" in ops["dp_allreduce"]:
