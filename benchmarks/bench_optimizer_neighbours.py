@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from cli_steps import plan_from_profile
 
 from sparselift import plans
 from sparselift.bench import Contender, run_bench
@@ -32,14 +33,6 @@ from sparselift.optimizer.space import Choice, enumerate_classes
 from sparselift.optimizer.stats import TableStats, stats_from_profile
 from sparselift.optimizer.topology import Topology, profiled_topology
 from sparselift.workloads.harness import TrainConfig
-
-CLI = [sys.executable, "-m", "sparselift.cli"]
-
-
-def sh(*args: str) -> None:
-    print("$ sparselift " + " ".join(args), file=sys.stderr, flush=True)
-    subprocess.run([*CLI, *args], check=True, stdout=sys.stderr)
-
 
 def placements(cls, topo: Topology) -> list[Choice]:
     """Every way the model can place one option class (TW on any rank, CW on the first k ranks)."""
@@ -96,12 +89,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.workload, args.steps, args.rounds = "tiny", 5, 1
-    cap = ["--max-rows", str(args.max_rows)]
     with tempfile.TemporaryDirectory(prefix="sparselift-neighbours-") as tmp:
         prof, ours = Path(tmp, "profile"), Path(tmp, "sparselift.json")
-        sh("profile", "--workload", args.workload, "--nproc", str(args.nproc), *cap, "--out", str(prof))
-        sh("analyze", str(prof))
-        sh("optimize", "--profile", str(prof), "--time-limit", str(args.time_limit), "--out", str(ours))
+        plan_from_profile(args.workload, args.nproc, args.max_rows, args.time_limit, prof, ours, log=sys.stderr)
         plan = plans.load(ours)
         stats, batch = stats_from_profile(prof)
         cal = load_calibration(prof / "calibration.json")

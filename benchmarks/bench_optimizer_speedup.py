@@ -20,22 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from cli_steps import plan_from_profile, sh
 
 from sparselift import plans
 from sparselift.optimizer.planio import fingerprints
 from sparselift.optimizer.stats import stats_from_spec
 from sparselift.workloads.spec import load_workload
 
-CLI = [sys.executable, "-m", "sparselift.cli"]
-
-
-def sh(*args: str) -> None:
-    print("$ sparselift " + " ".join(args), flush=True)
-    subprocess.run([*CLI, *args], check=True)
 
 
 def main() -> None:
@@ -61,10 +55,7 @@ def main() -> None:
             informed = d / "torchrec-informed.json"
             cap = ["--max-rows", str(args.max_rows)]
             if args.from_profile:
-                sh("profile", "--workload", wl, "--nproc", str(args.nproc), *cap, "--out", str(d / "profile"))
-                sh("analyze", str(d / "profile"))
-                sh("optimize", "--profile", str(d / "profile"), "--time-limit", str(args.time_limit), "--out", str(ours),
-                   "--baseline-out", str(informed))
+                plan_from_profile(wl, args.nproc, args.max_rows, args.time_limit, d / "profile", ours, informed)
             else:
                 sh("optimize", "--workload", wl, *cap, "--world-size", str(args.nproc),
                    "--time-limit", str(args.time_limit), "--out", str(ours), "--baseline-out", str(informed))
