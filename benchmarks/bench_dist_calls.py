@@ -42,14 +42,23 @@ def _rank(rank: int, world: int, port: int, reps: int) -> None:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     pg = dist.group.WORLD
-    rows: dict[str, list[tuple[float, float]]] = {"input_dist": [], "output_dist_fwd": [], "output_dist_bwd": []}
+    rows: dict[str, list[tuple[float, float]]] = {
+        "input_dist": [],
+        "output_dist_fwd": [],
+        "output_dist_bwd": [],
+    }
     fp16_ratio: list[tuple[float, float]] = []
     for features, pooling in ((2, 1), (8, 1), (8, 10), (8, 40), (26, 20), (26, 60)):
         lengths = torch.full((features * BATCH,), pooling, dtype=torch.int32)
-        kjt = KeyedJaggedTensor(keys=[f"f{i}" for i in range(features)], lengths=lengths,
-                                values=torch.randint(0, 1000, (int(lengths.sum()),)))
+        kjt = KeyedJaggedTensor(
+            keys=[f"f{i}" for i in range(features)],
+            lengths=lengths,
+            values=torch.randint(0, 1000, (int(lengths.sum()),)),
+        )
         a2a = KJTAllToAll(pg, splits=[features // world] * world)
 
         def input_dist():
@@ -59,10 +68,14 @@ def _rank(rank: int, world: int, port: int, reps: int) -> None:
 
         sent = (kjt.values().numel() * 8 + lengths.numel() * 4) * (world - 1) / world
         rows["input_dist"].append((sent, _median_s(input_dist, reps)))
-    fp16 = get_qcomm_codecs(QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.FP16))
+    fp16 = get_qcomm_codecs(
+        QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.FP16)
+    )
     for dim in (16, 64, 256, 1024, 4096):
         pooled = PooledEmbeddingsAllToAll(pg, dim_sum_per_rank=[dim // world] * world)
-        pooled16 = PooledEmbeddingsAllToAll(pg, dim_sum_per_rank=[dim // world] * world, codecs=fp16)
+        pooled16 = PooledEmbeddingsAllToAll(
+            pg, dim_sum_per_rank=[dim // world] * world, codecs=fp16
+        )
         emb = torch.randn(BATCH * world, dim // world, requires_grad=True)
         fwd = _median_s(lambda: pooled(emb).wait(), reps)
         both = _median_s(lambda: pooled(emb).wait().sum().backward(), reps)
@@ -75,10 +88,14 @@ def _rank(rank: int, world: int, port: int, reps: int) -> None:
         for kind, pts in rows.items():
             x, y = np.array(pts).T
             b, a = np.polyfit(x, y, 1)
-            print(f"{kind:<16} " + "  ".join(f"{xi / 1e3:.0f} KB {yi * 1e3:.3f} ms" for xi, yi in pts))
+            print(
+                f"{kind:<16} " + "  ".join(f"{xi / 1e3:.0f} KB {yi * 1e3:.3f} ms" for xi, yi in pts)
+            )
             print(f"{'':<16} fit: {a * 1e3:.3f} ms + {b * 1e9:.2f} ns/B")
-        print("fp16 qcomm ÷ fp32, output_dist forward+backward: "
-              + "  ".join(f"{x / 1e3:.0f} KB {r:.2f}×" for x, r in fp16_ratio))
+        print(
+            "fp16 qcomm ÷ fp32, output_dist forward+backward: "
+            + "  ".join(f"{x / 1e3:.0f} KB {r:.2f}×" for x, r in fp16_ratio)
+        )
     dist.destroy_process_group()
     os._exit(0)  # gloo's threads can abort an orderly interpreter exit
 

@@ -22,9 +22,13 @@ from sparselift.workloads.batches import SyntheticBatches
 from sparselift.workloads.harness import TrainConfig, run_training
 
 
-def time_generation(workload: str, max_rows: int | None, batch_size: int | None, n: int = 20) -> float:
+def time_generation(
+    workload: str, max_rows: int | None, batch_size: int | None, n: int = 20
+) -> float:
     torch.set_num_threads(1)  # as inside a rank launched on this host
-    gen = SyntheticBatches(load_workload(workload), seed=0, max_rows=max_rows, batch_size=batch_size)
+    gen = SyntheticBatches(
+        load_workload(workload), seed=0, max_rows=max_rows, batch_size=batch_size
+    )
     gen.next_batch()
     t0 = time.perf_counter()
     for _ in range(n):
@@ -41,8 +45,13 @@ def time_torchrec_generator(workload: str, max_rows: int | None, n: int = 5) -> 
     tables = table_configs(spec)
     t0 = time.perf_counter()
     for _ in range(n):
-        ModelInput.generate(batch_size=spec.batch_size, tables=tables, num_float_features=spec.dense_in_features,
-                            pooling_avg=1, power_law_alpha=1.05)
+        ModelInput.generate(
+            batch_size=spec.batch_size,
+            tables=tables,
+            num_float_features=spec.dense_in_features,
+            pooling_avg=1,
+            power_law_alpha=1.05,
+        )
     return (time.perf_counter() - t0) / n
 
 
@@ -57,23 +66,42 @@ def main() -> None:
         cases = [("tiny", None), ("criteo-kaggle", 10_000)]
         args.steps, args.warmup = 3, 1
     results = {}
-    print(f"{'workload':32s} {'pipeline':12s} {'steps/s':>8s} {'samples/s':>10s} {'peak MiB/rank':>14s}")
+    print(
+        f"{'workload':32s} {'pipeline':12s} {'steps/s':>8s} {'samples/s':>10s} {'peak MiB/rank':>14s}"
+    )
     for workload, max_rows in cases:
         for pipeline in ("base", "sparse-dist"):
-            r = run_training(TrainConfig(workload=workload, nproc=2, steps=args.steps, warmup=args.warmup,
-                                         max_rows=max_rows, pipeline=pipeline))
+            r = run_training(
+                TrainConfig(
+                    workload=workload,
+                    nproc=2,
+                    steps=args.steps,
+                    warmup=args.warmup,
+                    max_rows=max_rows,
+                    pipeline=pipeline,
+                )
+            )
             results[workload, pipeline] = r
             label = workload + (f" --max-rows {max_rows}" if max_rows else "")
-            print(f"{label:32s} {pipeline:12s} {r.steps_per_s:8.2f} {r.samples_per_s:10.0f} "
-                  f"{max(r.peak_memory_bytes) / 2**20:14.0f}", flush=True)
+            print(
+                f"{label:32s} {pipeline:12s} {r.steps_per_s:8.2f} {r.samples_per_s:10.0f} "
+                f"{max(r.peak_memory_bytes) / 2**20:14.0f}",
+                flush=True,
+            )
     workload, max_rows = cases[1]
     gen_s = time_generation(workload, max_rows, None)
     step_s = results[workload, "base"].step_time_s_median
     tr_s = time_torchrec_generator(workload, max_rows)
-    print(f"\nbatch generation, {workload} capped at {max_rows}, batch {load_workload(workload).batch_size}/rank:")
-    print(f"  sparselift generator  {gen_s * 1e3:7.2f} ms per batch = {100 * gen_s / step_s:5.1f} % of a "
-          f"{step_s * 1e3:.1f} ms step (target <= 10 %)")
-    print(f"  torchrec ModelInput   {tr_s * 1e3:7.2f} ms per batch ({tr_s / gen_s:.1f}x the sparselift generator)")
+    print(
+        f"\nbatch generation, {workload} capped at {max_rows}, batch {load_workload(workload).batch_size}/rank:"
+    )
+    print(
+        f"  sparselift generator  {gen_s * 1e3:7.2f} ms per batch = {100 * gen_s / step_s:5.1f} % of a "
+        f"{step_s * 1e3:.1f} ms step (target <= 10 %)"
+    )
+    print(
+        f"  torchrec ModelInput   {tr_s * 1e3:7.2f} ms per batch ({tr_s / gen_s:.1f}x the sparselift generator)"
+    )
 
 
 if __name__ == "__main__":

@@ -17,8 +17,11 @@ import time
 import numpy as np
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice, EmbeddingLocation,
-                                                                     SplitTableBatchedEmbeddingBagsCodegen)
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
+    EmbeddingLocation,
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
 
 from sparselift.kernels import CPU_BAG_WEIGHT
 
@@ -33,8 +36,11 @@ def main() -> None:
     torch.set_num_threads(1)
     points = []
     for dim in (32, 64, 128):
-        tbe = SplitTableBatchedEmbeddingBagsCodegen([(ROWS, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
-                                                    optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01)
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [(ROWS, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+            optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            learning_rate=0.01,
+        )
         for bags in (16384, 8192, 2048, 256):
             ids = torch.randint(0, ROWS, (IDS,))
             offsets = torch.arange(0, IDS + 1, IDS // bags)
@@ -48,13 +54,18 @@ def main() -> None:
                 fwd.append(t1 - t0)
                 bwd.append(time.perf_counter() - t1)
             points.append((bags * dim, statistics.median(fwd[5:]), statistics.median(bwd[5:])))
-            print(f"dim {dim:>3} bags {bags:>5}: forward {points[-1][1] * 1e3:.3f} ms, "
-                  f"backward {points[-1][2] * 1e3:.3f} ms", flush=True)
+            print(
+                f"dim {dim:>3} bags {bags:>5}: forward {points[-1][1] * 1e3:.3f} ms, "
+                f"backward {points[-1][2] * 1e3:.3f} ms",
+                flush=True,
+            )
     x = np.array([p[0] for p in points], float)
     for col, kind in ((1, "lookup_fwd"), (2, "lookup_bwd")):
         b, a = np.polyfit(x, np.array([p[col] for p in points]), 1)
-        print(f"{kind}: {b * 1e9:.2f} ns per output element = {b / PER_ID_S[kind]:.2f} ids "
-              f"(kernels.CPU_BAG_WEIGHT {CPU_BAG_WEIGHT[kind]})")
+        print(
+            f"{kind}: {b * 1e9:.2f} ns per output element = {b / PER_ID_S[kind]:.2f} ids "
+            f"(kernels.CPU_BAG_WEIGHT {CPU_BAG_WEIGHT[kind]})"
+        )
 
 
 if __name__ == "__main__":

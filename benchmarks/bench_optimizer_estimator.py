@@ -41,11 +41,18 @@ from sparselift.optimizer.optimize import Inputs, optimize
 from sparselift.optimizer.space import TW, OptionClass
 from sparselift.optimizer.synthetic import synthetic_stats
 from sparselift.optimizer.topology import Topology, preset
-from sparselift.optimizer.torchrec_baseline import table_estimates, torchrec_cost, torchrec_plan_timed
+from sparselift.optimizer.torchrec_baseline import (
+    table_estimates,
+    torchrec_cost,
+    torchrec_plan_timed,
+)
 
 # TorchRec's perf part ↔ SparseLift's phase, for a table-wise shard
-PAIRS = {"lookup fwd": ("fwd_compute", "lookup_fwd"), "lookup bwd": ("bwd_compute", "lookup_bwd"),
-         "output comms": ("fwd_comms", "output_dist_fwd")}
+PAIRS = {
+    "lookup fwd": ("fwd_compute", "lookup_fwd"),
+    "lookup bwd": ("bwd_compute", "lookup_bwd"),
+    "output comms": ("fwd_comms", "output_dist_fwd"),
+}
 
 
 def explain(stats: list, topo: Topology, batch_size: int) -> None:
@@ -55,10 +62,18 @@ def explain(stats: list, topo: Topology, batch_size: int) -> None:
     rows = []
     for s in stats:
         own = dict(zip(PHASES, model.terms(s, OptionClass(TW, "fused")).own))
-        rows.append({"width": s.embedding_dim, **{k: tr[s.name][a] / (own[b] * 1e3) for k, (a, b) in PAIRS.items()}})
+        rows.append(
+            {
+                "width": s.embedding_dim,
+                **{k: tr[s.name][a] / (own[b] * 1e3) for k, (a, b) in PAIRS.items()},
+            }
+        )
     table = pd.DataFrame(rows).groupby("width").median()
-    print(f"TorchRec ÷ SparseLift per table-wise table, median by width ({len(stats)} tables, "
-          f"{topo.world_size} ranks):\n{table.round(3).to_string()}", flush=True)
+    print(
+        f"TorchRec ÷ SparseLift per table-wise table, median by width ({len(stats)} tables, "
+        f"{topo.world_size} ranks):\n{table.round(3).to_string()}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -69,17 +84,26 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--torchrec-timeout", type=float, default=300.0)
     ap.add_argument("--time-limit", type=float, default=60.0)
-    ap.add_argument("--quick", action="store_true", help="verify at small size: 20 tables, 8 and 16 ranks")
-    ap.add_argument("--explain", action="store_true", help="first set the two cost models side by side")
-    ap.add_argument("--replan", action="store_true",
-                    help="`same prec.`: TorchRec's planner plans again for SparseLift's comm precision")
+    ap.add_argument(
+        "--quick", action="store_true", help="verify at small size: 20 tables, 8 and 16 ranks"
+    )
+    ap.add_argument(
+        "--explain", action="store_true", help="first set the two cost models side by side"
+    )
+    ap.add_argument(
+        "--replan",
+        action="store_true",
+        help="`same prec.`: TorchRec's planner plans again for SparseLift's comm precision",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.quick:
         args.tables, args.ranks, args.torchrec_timeout, args.time_limit = [20], [8, 16], 120.0, 10.0
     rows = []
-    header = (f"{'tables':>6s} {'ranks':>5s} {'torchrec s':>10s} {'ours s':>7s} {'TR est (TR plan)':>17s} "
-              f"{'TR est (ours)':>14s} {'ratio':>7s} {'same prec.':>10s} {'sync ratio':>10s}")
+    header = (
+        f"{'tables':>6s} {'ranks':>5s} {'torchrec s':>10s} {'ours s':>7s} {'TR est (TR plan)':>17s} "
+        f"{'TR est (ours)':>14s} {'ratio':>7s} {'same prec.':>10s} {'sync ratio':>10s}"
+    )
     if not args.explain:
         print(header)
     for n in args.tables:
@@ -89,18 +113,26 @@ def main() -> None:
             if args.explain:
                 explain(stats, topo, args.batch_size)
                 print(header)
-            base, tr_s, status = torchrec_plan_timed(stats, topo, args.batch_size, args.torchrec_timeout)
+            base, tr_s, status = torchrec_plan_timed(
+                stats, topo, args.batch_size, args.torchrec_timeout
+            )
             t0 = time.perf_counter()
-            res = optimize(Inputs(stats, topo, args.batch_size, coefficients(topo)), time_limit_s=args.time_limit,
-                           baseline=base)
+            res = optimize(
+                Inputs(stats, topo, args.batch_size, coefficients(topo)),
+                time_limit_s=args.time_limit,
+                baseline=base,
+            )
             ours_s = time.perf_counter() - t0
             plans_ = [res.plan]
-            if base is not None:  # TorchRec's plan as it runs, and given SparseLift's comm precision
+            if (
+                base is not None
+            ):  # TorchRec's plan as it runs, and given SparseLift's comm precision
                 cp = res.plan.comm_precision
                 same_plan = dataclasses.replace(base, comm_precision=cp)
                 if args.replan and cp != base.comm_precision:
-                    same_plan, _, replan_status = torchrec_plan_timed(stats, topo, args.batch_size,
-                                                                      args.torchrec_timeout, comm_precision=cp)
+                    same_plan, _, replan_status = torchrec_plan_timed(
+                        stats, topo, args.batch_size, args.torchrec_timeout, comm_precision=cp
+                    )
                     if same_plan is None:
                         print(f"TorchRec's planner at {cp.forward}/{cp.backward}: {replan_status}")
                 plans_ += [base] + ([same_plan] if same_plan is not None else [])
@@ -110,15 +142,29 @@ def main() -> None:
             ratio = tr_cost / ours_cost if tr_cost else None
             same = costs[2].rate_ms / ours_cost if len(costs) > 2 else None
             sync = costs[1].synchronous_ms / costs[0].synchronous_ms if base is not None else None
-            rows.append(dict(tables=n, ranks=w, torchrec_status=status, torchrec_s=tr_s, ours_s=ours_s,
-                             torchrec_est_ms=tr_cost, ours_est_ms=ours_cost, ratio=ratio,
-                             same_precision_ratio=same, sync_ratio=sync,
-                             comm_precision=dataclasses.asdict(res.plan.comm_precision),
-                             ours_pred_s=res.cost.step_time_s,
-                             torchrec_pred_s=res.baseline_cost.step_time_s if res.baseline_cost else None))
+            rows.append(
+                dict(
+                    tables=n,
+                    ranks=w,
+                    torchrec_status=status,
+                    torchrec_s=tr_s,
+                    ours_s=ours_s,
+                    torchrec_est_ms=tr_cost,
+                    ours_est_ms=ours_cost,
+                    ratio=ratio,
+                    same_precision_ratio=same,
+                    sync_ratio=sync,
+                    comm_precision=dataclasses.asdict(res.plan.comm_precision),
+                    ours_pred_s=res.cost.step_time_s,
+                    torchrec_pred_s=res.baseline_cost.step_time_s if res.baseline_cost else None,
+                )
+            )
             fmt = lambda x, f: format(x, f) if x is not None else status  # noqa: E731
-            print(f"{n:6d} {w:5d} {tr_s:10.1f} {ours_s:7.1f} {fmt(tr_cost, '17.3f')} {ours_cost:14.3f} "
-                  f"{fmt(ratio, '7.3f')} {fmt(same, '10.3f')} {fmt(sync, '10.3f')}", flush=True)
+            print(
+                f"{n:6d} {w:5d} {tr_s:10.1f} {ours_s:7.1f} {fmt(tr_cost, '17.3f')} {ours_cost:14.3f} "
+                f"{fmt(ratio, '7.3f')} {fmt(same, '10.3f')} {fmt(sync, '10.3f')}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -34,6 +34,7 @@ from sparselift.optimizer.stats import TableStats, stats_from_profile
 from sparselift.optimizer.topology import Topology, profiled_topology
 from sparselift.workloads.harness import TrainConfig
 
+
 def placements(cls, topo: Topology) -> list[Choice]:
     """Every way the model can place one option class (TW on any rank, CW on the first k ranks)."""
     if cls.located == "all":
@@ -45,7 +46,9 @@ def placements(cls, topo: Topology) -> list[Choice]:
     return [Choice(cls, ranks=tuple(range(cls.shards)))]
 
 
-def neighbours(plan: plans.Plan, stats: list[TableStats], model: CostModel) -> list[tuple[str, plans.Plan]]:
+def neighbours(
+    plan: plans.Plan, stats: list[TableStats], model: CostModel
+) -> list[tuple[str, plans.Plan]]:
     """One decision changed each: pipeline, comm precision, each sharding type's heaviest table."""
     topo = model.topo
     by = {s.name: s for s in stats}
@@ -58,17 +61,28 @@ def neighbours(plan: plans.Plan, stats: list[TableStats], model: CostModel) -> l
     out = [(f"pipeline {other}", make(choices, dataclasses.replace(g, pipeline=other)))]
     if (g.forward, g.backward) == ("fp32", "fp32"):
         bwd = "bf16" if topo.device == "cuda" else "fp16"  # gloo has no bf16
-        out.append((f"comm fp16 fwd / {bwd} bwd", make(choices, dataclasses.replace(g, forward="fp16", backward=bwd))))
+        out.append(
+            (
+                f"comm fp16 fwd / {bwd} bwd",
+                make(choices, dataclasses.replace(g, forward="fp16", backward=bwd)),
+            )
+        )
     else:
-        out.append(("comm fp32", make(choices, dataclasses.replace(g, forward="fp32", backward="fp32"))))
+        out.append(
+            ("comm fp32", make(choices, dataclasses.replace(g, forward="fp32", backward="fp32")))
+        )
 
     def load(name: str) -> float:  # the table's own phase seconds on the rank holding it
-        return sum(model.terms(by[name], choices[name].cls, g).own[:len(PHASES)])
+        return sum(model.terms(by[name], choices[name].cls, g).own[: len(PHASES)])
 
     for st in sorted({c.cls.sharding_type for c in choices.values()}):
         name = max((n for n, c in choices.items() if c.cls.sharding_type == st), key=load)
-        options = [ch for cls in enumerate_classes(by[name], topo, model.batch_size)
-                   if cls.sharding_type != st for ch in placements(cls, topo)]
+        options = [
+            ch
+            for cls in enumerate_classes(by[name], topo, model.batch_size)
+            if cls.sharding_type != st
+            for ch in placements(cls, topo)
+        ]
         if not options:
             continue
         best = min(options, key=lambda ch: model.evaluate(by, {**choices, name: ch}, g).step_time_s)
@@ -85,13 +99,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--time-limit", type=float, default=30.0)
-    ap.add_argument("--quick", action="store_true", help="tiny, 5 steps, 1 round: checks the script")
+    ap.add_argument(
+        "--quick", action="store_true", help="tiny, 5 steps, 1 round: checks the script"
+    )
     args = ap.parse_args()
     if args.quick:
         args.workload, args.steps, args.rounds = "tiny", 5, 1
     with tempfile.TemporaryDirectory(prefix="sparselift-neighbours-") as tmp:
         prof, ours = Path(tmp, "profile"), Path(tmp, "sparselift.json")
-        plan_from_profile(args.workload, args.nproc, args.max_rows, args.time_limit, prof, ours, log=sys.stderr)
+        plan_from_profile(
+            args.workload, args.nproc, args.max_rows, args.time_limit, prof, ours, log=sys.stderr
+        )
         plan = plans.load(ours)
         stats, batch = stats_from_profile(prof)
         cal = load_calibration(prof / "calibration.json")
@@ -105,20 +123,30 @@ def main() -> None:
             plans.save(p, path)
             contenders.append(Contender(label, str(path)))
             predicted[label] = model.evaluate(by, *choices_from_plan(p, topo)).step_time_s / ours_s
-        cfg = TrainConfig(workload=args.workload, nproc=args.nproc, steps=args.steps, max_rows=args.max_rows)
-        result = run_bench(cfg, contenders, args.rounds, echo=lambda s: print(s, file=sys.stderr, flush=True))
+        cfg = TrainConfig(
+            workload=args.workload, nproc=args.nproc, steps=args.steps, max_rows=args.max_rows
+        )
+        result = run_bench(
+            cfg, contenders, args.rounds, echo=lambda s: print(s, file=sys.stderr, flush=True)
+        )
 
     first = result.contenders[0]
-    print(f"{args.workload} (max rows {args.max_rows:,}), {args.nproc} ranks, {args.rounds} interleaved rounds × "
-          f"{args.steps} steps; SparseLift's plan: {first.median:.2f} steps/s, predicted {ours_s * 1e3:.1f} ms")
+    print(
+        f"{args.workload} (max rows {args.max_rows:,}), {args.nproc} ranks, {args.rounds} interleaved rounds × "
+        f"{args.steps} steps; SparseLift's plan: {first.median:.2f} steps/s, predicted {ours_s * 1e3:.1f} ms"
+    )
     w = max(len(c.label) for c in result.contenders)
-    print(f"  {'neighbour (one decision changed)':{w}s} {'pred. ×':>8s} {'meas. ×':>8s} {'by round':>15s}  agree")
+    print(
+        f"  {'neighbour (one decision changed)':{w}s} {'pred. ×':>8s} {'meas. ×':>8s} {'by round':>15s}  agree"
+    )
     for c in result.contenders[1:]:
         by_round = [a / b for a, b in zip(first.steps_per_s, c.steps_per_s)]
         meas = first.median / c.median
         agree = "yes" if (predicted[c.label] > 1) == (meas > 1) else "no"
-        print(f"  {c.label:{w}s} {predicted[c.label]:8.3f} {meas:8.3f} {min(by_round):7.3f} – {max(by_round):.3f}"
-              f"  {agree}")
+        print(
+            f"  {c.label:{w}s} {predicted[c.label]:8.3f} {meas:8.3f} {min(by_round):7.3f} – {max(by_round):.3f}"
+            f"  {agree}"
+        )
     print("  (× = the neighbour's step ÷ SparseLift's: above 1.0, SparseLift's plan is the faster)")
 
 

@@ -31,7 +31,6 @@ from sparselift.optimizer.stats import stats_from_spec
 from sparselift.workloads.spec import load_workload
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", nargs="+", default=["tiny", "multihot-26", "criteo-kaggle"])
@@ -40,7 +39,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--time-limit", type=float, default=30.0)
-    ap.add_argument("--from-profile", action="store_true", help="profile → analyze → optimize --profile")
+    ap.add_argument(
+        "--from-profile", action="store_true", help="profile → analyze → optimize --profile"
+    )
     ap.add_argument("--quick", action="store_true", help="tiny only, 5 steps, 1 round")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -55,17 +56,54 @@ def main() -> None:
             informed = d / "torchrec-informed.json"
             cap = ["--max-rows", str(args.max_rows)]
             if args.from_profile:
-                plan_from_profile(wl, args.nproc, args.max_rows, args.time_limit, d / "profile", ours, informed)
+                plan_from_profile(
+                    wl, args.nproc, args.max_rows, args.time_limit, d / "profile", ours, informed
+                )
             else:
-                sh("optimize", "--workload", wl, *cap, "--world-size", str(args.nproc),
-                   "--time-limit", str(args.time_limit), "--out", str(ours), "--baseline-out", str(informed))
+                sh(
+                    "optimize",
+                    "--workload",
+                    wl,
+                    *cap,
+                    "--world-size",
+                    str(args.nproc),
+                    "--time-limit",
+                    str(args.time_limit),
+                    "--out",
+                    str(ours),
+                    "--baseline-out",
+                    str(informed),
+                )
             spec = load_workload(wl).capped(args.max_rows)
             # on the topology SparseLift planned for (a GPU host's, where the ranks run on GPUs)
-            plans.save(plans.round_robin_table_wise(fingerprints(stats_from_spec(spec)), plans.load(ours).topology), rr)
-            sh("bench", "--workload", wl, *cap, "--nproc", str(args.nproc), "--steps", str(args.steps),
-               "--rounds", str(args.rounds), "--plan", str(ours), "--plan", str(informed), "--plan", str(rr),
-               "--vs", "torchrec",
-               "--json", str(out))
+            plans.save(
+                plans.round_robin_table_wise(
+                    fingerprints(stats_from_spec(spec)), plans.load(ours).topology
+                ),
+                rr,
+            )
+            sh(
+                "bench",
+                "--workload",
+                wl,
+                *cap,
+                "--nproc",
+                str(args.nproc),
+                "--steps",
+                str(args.steps),
+                "--rounds",
+                str(args.rounds),
+                "--plan",
+                str(ours),
+                "--plan",
+                str(informed),
+                "--plan",
+                str(rr),
+                "--vs",
+                "torchrec",
+                "--json",
+                str(out),
+            )
             res = json.loads(out.read_text())
             by = {c["label"]: c for c in res["contenders"]}
             ours_c = next(v for k, v in by.items() if "sparselift" in k)
@@ -74,17 +112,31 @@ def main() -> None:
             rrv = next(v for k, v in by.items() if "round-robin" in k)["median"]
             # rounds are interleaved, so a round's ratio pairs runs under the same host state
             paired = [a / b for a, b in zip(ours_c["steps_per_s"], by["torchrec"]["steps_per_s"])]
-            summary.append(dict(workload=wl, sparselift=sl, torchrec=tr, torchrec_informed=tri, round_robin=rrv,
-                                vs_torchrec=sl / tr, vs_torchrec_informed=sl / tri, vs_round_robin=sl / rrv,
-                                vs_torchrec_by_round=paired))
-    print(f"\n{'workload':14s} {'SparseLift':>11s} {'TorchRec':>9s} {'TR+stats':>9s} {'round-robin':>11s} "
-          f"{'×TorchRec':>10s} {'×TR+stats':>10s} {'×round-robin':>12s} {'×TorchRec by round: median (range)':>35s}"
-          f"   (steps/s, {args.nproc} ranks)")
+            summary.append(
+                dict(
+                    workload=wl,
+                    sparselift=sl,
+                    torchrec=tr,
+                    torchrec_informed=tri,
+                    round_robin=rrv,
+                    vs_torchrec=sl / tr,
+                    vs_torchrec_informed=sl / tri,
+                    vs_round_robin=sl / rrv,
+                    vs_torchrec_by_round=paired,
+                )
+            )
+    print(
+        f"\n{'workload':14s} {'SparseLift':>11s} {'TorchRec':>9s} {'TR+stats':>9s} {'round-robin':>11s} "
+        f"{'×TorchRec':>10s} {'×TR+stats':>10s} {'×round-robin':>12s} {'×TorchRec by round: median (range)':>35s}"
+        f"   (steps/s, {args.nproc} ranks)"
+    )
     for s in summary:
         r = s["vs_torchrec_by_round"]
-        print(f"{s['workload']:14s} {s['sparselift']:11.2f} {s['torchrec']:9.2f} {s['torchrec_informed']:9.2f} "
-              f"{s['round_robin']:11.2f} {s['vs_torchrec']:10.3f} {s['vs_torchrec_informed']:10.3f} "
-              f"{s['vs_round_robin']:12.3f} {statistics.median(r):16.3f} ({min(r):.3f} – {max(r):.3f})")
+        print(
+            f"{s['workload']:14s} {s['sparselift']:11.2f} {s['torchrec']:9.2f} {s['torchrec_informed']:9.2f} "
+            f"{s['round_robin']:11.2f} {s['vs_torchrec']:10.3f} {s['vs_torchrec_informed']:10.3f} "
+            f"{s['vs_round_robin']:12.3f} {statistics.median(r):16.3f} ({min(r):.3f} – {max(r):.3f})"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
 

@@ -33,16 +33,24 @@ def main() -> None:
     stats = synthetic_stats(args.tables, seed=args.tables)
     topo = preset(args.device, args.ranks)
     t0 = time.perf_counter()
-    res = optimize(Inputs(stats, topo, 512, coefficients(topo)), time_limit_s=args.time_limit,
-                   progress=lambda line: print(line, flush=True))
+    res = optimize(
+        Inputs(stats, topo, 512, coefficients(topo)),
+        time_limit_s=args.time_limit,
+        progress=lambda line: print(line, flush=True),
+    )
     ours = time.perf_counter() - t0
-    print(f"SparseLift: {ours:.1f} s end to end ({res.solution.mode}, {res.plan.solver['status']}, "
-          f"gap {res.plan.solver['gap'] * 100:.1f}%), predicted step {res.cost.step_time_s * 1e3:.3f} ms", flush=True)
+    print(
+        f"SparseLift: {ours:.1f} s end to end ({res.solution.mode}, {res.plan.solver['status']}, "
+        f"gap {res.plan.solver['gap'] * 100:.1f}%), predicted step {res.cost.step_time_s * 1e3:.3f} ms",
+        flush=True,
+    )
     _, tr, status = torchrec_plan_timed(stats, topo, 512, args.torchrec_timeout)
     print(f"TorchRec planner: {status} after {tr:.1f} s")
-    print(f"{args.tables} tables × {args.ranks} ranks: SparseLift {ours:.1f} s vs TorchRec "
-          f"{'>' if status == 'timeout' else ''}{tr:.1f} s → {tr / ours:.1f}× faster"
-          f"{' (at least)' if status == 'timeout' else ''}; target ≤ 60 s: {'met' if ours <= 60 else 'MISSED'}")
+    print(
+        f"{args.tables} tables × {args.ranks} ranks: SparseLift {ours:.1f} s vs TorchRec "
+        f"{'>' if status == 'timeout' else ''}{tr:.1f} s → {tr / ours:.1f}× faster"
+        f"{' (at least)' if status == 'timeout' else ''}; target ≤ 60 s: {'met' if ours <= 60 else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

@@ -42,12 +42,27 @@ def write_plans(workload: str, max_rows: int | None, nproc: int, out: Path) -> t
     return paths
 
 
-def time_big_plan(out: Path, n_tables: int = 1000, world: int = 8, repeats: int = 5) -> dict[str, float]:
-    tables = [dict(name=f"table_{i:04d}", num_embeddings=10_000 + i, embedding_dim=64, feature_names=[f"f_{i}"])
-              for i in range(n_tables)]
+def time_big_plan(
+    out: Path, n_tables: int = 1000, world: int = 8, repeats: int = 5
+) -> dict[str, float]:
+    tables = [
+        dict(
+            name=f"table_{i:04d}",
+            num_embeddings=10_000 + i,
+            embedding_dim=64,
+            feature_names=[f"f_{i}"],
+        )
+        for i in range(n_tables)
+    ]
     path = out / "big.json"
-    plans.save(plans.round_robin_table_wise(tables, plans.PlanTopology(world, world, "cpu"),
-                                            module="model.sparse_arch.embedding_bag_collection"), path)
+    plans.save(
+        plans.round_robin_table_wise(
+            tables,
+            plans.PlanTopology(world, world, "cpu"),
+            module="model.sparse_arch.embedding_bag_collection",
+        ),
+        path,
+    )
     t0 = time.perf_counter()
     plans.load(path)
     first = time.perf_counter() - t0
@@ -59,8 +74,12 @@ def time_big_plan(out: Path, n_tables: int = 1000, world: int = 8, repeats: int 
         t0 = time.perf_counter()
         p.sharding_plan()
         converts.append(time.perf_counter() - t0)
-    return {"bytes": path.stat().st_size, "first_load_s": first, "load_s": statistics.median(loads),
-            "sharding_plan_s": statistics.median(converts)}
+    return {
+        "bytes": path.stat().st_size,
+        "first_load_s": first,
+        "load_s": statistics.median(loads),
+        "sharding_plan_s": statistics.median(converts),
+    }
 
 
 def main() -> None:
@@ -69,7 +88,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="1 round of 3 steps: checks the script, measures nothing")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 round of 3 steps: checks the script, measures nothing",
+    )
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 3, 1
@@ -79,21 +102,32 @@ def main() -> None:
         for workload, max_rows in WORKLOADS:
             tr, rr = write_plans(workload, max_rows, args.nproc, Path(tmp))
             contenders = [Contender("torchrec", str(tr)), Contender("round-robin", str(rr))]
-            cfg = TrainConfig(workload=workload, nproc=args.nproc, steps=args.steps, warmup=args.warmup,
-                              max_rows=max_rows)
-            result = run_bench(cfg, contenders, args.rounds, echo=lambda s: print(s, file=sys.stderr, flush=True))
+            cfg = TrainConfig(
+                workload=workload,
+                nproc=args.nproc,
+                steps=args.steps,
+                warmup=args.warmup,
+                max_rows=max_rows,
+            )
+            result = run_bench(
+                cfg, contenders, args.rounds, echo=lambda s: print(s, file=sys.stderr, flush=True)
+            )
             print(result.table(), flush=True)
             rows.append((workload + (f" (max rows {max_rows:,})" if max_rows else ""), result))
         big = time_big_plan(Path(tmp))
 
-    print(f"\nsteps/s, median of {args.rounds} interleaved rounds × {args.steps} steps, {args.nproc} ranks")
+    print(
+        f"\nsteps/s, median of {args.rounds} interleaved rounds × {args.steps} steps, {args.nproc} ranks"
+    )
     print(f"  {'workload':32s} {'torchrec':>9s} {'round-robin':>12s} {'rr / torchrec':>14s}")
     for name, r in rows:
         t, rr = r.contenders
         print(f"  {name:32s} {t.median:9.2f} {rr.median:12.2f} {r.ratio(rr):14.3f}")
-    print(f"\n1000-table plan ({big['bytes'] / 1024:.0f} KiB): load {big['load_s'] * 1e3:.1f} ms "
-          f"(first in process {big['first_load_s'] * 1e3:.1f} ms, schema compile included), "
-          f"sharding_plan() {big['sharding_plan_s'] * 1e3:.1f} ms")
+    print(
+        f"\n1000-table plan ({big['bytes'] / 1024:.0f} KiB): load {big['load_s'] * 1e3:.1f} ms "
+        f"(first in process {big['first_load_s'] * 1e3:.1f} ms, schema compile included), "
+        f"sharding_plan() {big['sharding_plan_s'] * 1e3:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -28,12 +28,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def make_plans(workload: str, world: int, max_rows: int | None) -> dict:
     """name → sparselift Plan: table_wise, row_wise, mixed (with column-wise)."""
-    from sparselift.plans import Plan, PlanTopology, Shard, TableFingerprint, TablePlan, round_robin_table_wise
+    from sparselift.plans import (
+        Plan,
+        PlanTopology,
+        Shard,
+        TableFingerprint,
+        TablePlan,
+        round_robin_table_wise,
+    )
     from sparselift.workloads.spec import load_workload
 
     spec = load_workload(workload).capped(max_rows)
-    fps = [TableFingerprint(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
-                            feature_names=tuple(t.features)) for t in spec.tables]
+    fps = [
+        TableFingerprint(
+            name=t.name,
+            num_embeddings=t.num_embeddings,
+            embedding_dim=t.embedding_dim,
+            feature_names=tuple(t.features),
+        )
+        for t in spec.tables
+    ]
     topo = PlanTopology(world_size=world, local_world_size=world, device="cpu")
 
     def rw(t):
@@ -43,21 +57,41 @@ def make_plans(workload: str, world: int, max_rows: int | None) -> dict:
             n = base + (1 if r < extra else 0)
             shards.append(Shard(rank=r, offsets=(off, 0), sizes=(n, t.embedding_dim)))
             off += n
-        return TablePlan(name=t.name, sharding_type="row_wise", compute_kernel="fused", ranks=list(range(world)),
-                         shards=shards)
+        return TablePlan(
+            name=t.name,
+            sharding_type="row_wise",
+            compute_kernel="fused",
+            ranks=list(range(world)),
+            shards=shards,
+        )
 
     def cw(t):
         w = t.embedding_dim // world
-        return TablePlan(name=t.name, sharding_type="column_wise", compute_kernel="fused", ranks=list(range(world)),
-                         shards=[Shard(rank=r, offsets=(0, r * w), sizes=(t.num_embeddings, w)) for r in range(world)])
+        return TablePlan(
+            name=t.name,
+            sharding_type="column_wise",
+            compute_kernel="fused",
+            ranks=list(range(world)),
+            shards=[
+                Shard(rank=r, offsets=(0, r * w), sizes=(t.num_embeddings, w)) for r in range(world)
+            ],
+        )
 
     def tw(t, r):
-        return TablePlan(name=t.name, sharding_type="table_wise", compute_kernel="fused", ranks=[r],
-                         shards=[Shard(rank=r, offsets=(0, 0), sizes=(t.num_embeddings, t.embedding_dim))])
+        return TablePlan(
+            name=t.name,
+            sharding_type="table_wise",
+            compute_kernel="fused",
+            ranks=[r],
+            shards=[Shard(rank=r, offsets=(0, 0), sizes=(t.num_embeddings, t.embedding_dim))],
+        )
 
     by_size = sorted(fps, key=lambda t: -t.num_embeddings)
     big, mid = {t.name for t in by_size[:2]}, {t.name for t in by_size[2:4]}
-    mixed = [rw(t) if t.name in big else cw(t) if t.name in mid else tw(t, i % world) for i, t in enumerate(fps)]
+    mixed = [
+        rw(t) if t.name in big else cw(t) if t.name in mid else tw(t, i % world)
+        for i, t in enumerate(fps)
+    ]
     return {
         "table_wise": round_robin_table_wise(fps, topo),
         "row_wise": Plan(model=fps, topology=topo, tables=[rw(t) for t in fps]),
@@ -65,11 +99,35 @@ def make_plans(workload: str, world: int, max_rows: int | None) -> dict:
     }
 
 
-def profile(plan_path: Path, out: Path, workload: str, nproc: int, steps: int, warmup: int,
-            max_rows: int | None) -> None:
-    cmd = [str(ROOT / ".venv/bin/sparselift"), "profile", "--workload", workload, "--nproc", str(nproc),
-           "--steps", str(steps), "--warmup", str(warmup), "--plan", str(plan_path), "--out", str(out),
-           "--no-execution-trace", "--after", "0", "--force"]
+def profile(
+    plan_path: Path,
+    out: Path,
+    workload: str,
+    nproc: int,
+    steps: int,
+    warmup: int,
+    max_rows: int | None,
+) -> None:
+    cmd = [
+        str(ROOT / ".venv/bin/sparselift"),
+        "profile",
+        "--workload",
+        workload,
+        "--nproc",
+        str(nproc),
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+        "--plan",
+        str(plan_path),
+        "--out",
+        str(out),
+        "--no-execution-trace",
+        "--after",
+        "0",
+        "--force",
+    ]
     if max_rows:
         cmd += ["--max-rows", str(max_rows)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -91,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibrate-on", default="table_wise")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the profiles here")
     ap.add_argument("--reuse", action="store_true", help="reuse profiles already in --keep DIR")
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="profile every plan this many times, interleaved; the least disturbed counts")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="profile every plan this many times, interleaved; the least disturbed counts",
+    )
     args = ap.parse_args(argv)
     if args.workload == "multihot-26" and args.max_rows is None:
         args.max_rows = 100_000
@@ -113,8 +175,15 @@ def main(argv: list[str] | None = None) -> int:
         for name in plans_by_name:
             out = work / name / f"pass{r}"
             if not (args.reuse and (out / "manifest.json").is_file()):
-                profile(work / f"{name}.plan.json", out, args.workload, args.nproc, args.steps, args.warmup,
-                        args.max_rows)
+                profile(
+                    work / f"{name}.plan.json",
+                    out,
+                    args.workload,
+                    args.nproc,
+                    args.steps,
+                    args.warmup,
+                    args.max_rows,
+                )
     results = {}
     for name, plan in plans_by_name.items():
         runs = [analyze(work / name / f"pass{r}") for r in range(args.repeats)]
@@ -122,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = (plan, runs[best], work / name / f"pass{best}")
     cal = results[args.calibrate_on][1].calibration.to_dict()
     topo = preset("cpu-gloo", args.nproc, args.nproc)
-    print(f"{args.workload} (max_rows {args.max_rows}), {args.nproc} ranks, {args.steps} profiled steps; "
-          f"calibrated on {args.calibrate_on}")
+    print(
+        f"{args.workload} (max_rows {args.max_rows}), {args.nproc} ranks, {args.steps} profiled steps; "
+        f"calibrated on {args.calibrate_on}"
+    )
     print(f"{'plan':<12} {'measured ms':>12} {'predicted ms':>13} {'error':>8} {'median ms':>10}")
     errors = {}
     for name, (plan, a, path) in results.items():
@@ -133,10 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         errors[name] = (pred - meas) / meas
         tag = " (calibration)" if name == args.calibrate_on else ""
         med = float(statistics.median(a.steps.groupby("step")["dur_s"].max()))
-        print(f"{name:<12} {meas * 1e3:12.2f} {pred * 1e3:13.2f} {errors[name] * 100:7.1f}% {med * 1e3:10.2f}{tag}")
+        print(
+            f"{name:<12} {meas * 1e3:12.2f} {pred * 1e3:13.2f} {errors[name] * 100:7.1f}% {med * 1e3:10.2f}{tag}"
+        )
     held = [abs(e) for n, e in errors.items() if n != args.calibrate_on]
     print(f"held-out max |error| {max(held) * 100:.1f}% (target 10%)")
-    (work / "prediction.json").write_text(json.dumps({"errors": errors, "workload": args.workload}, indent=1))
+    (work / "prediction.json").write_text(
+        json.dumps({"errors": errors, "workload": args.workload}, indent=1)
+    )
     return 0
 
 

@@ -26,21 +26,39 @@ def slowest_rank(result) -> list[float]:
 
 
 def baseline(args) -> float:
-    cfg = TrainConfig(workload=args.workload, nproc=args.nproc, warmup=args.warmup + args.steps,
-                      steps=args.after, max_rows=args.max_rows, pipeline=args.pipeline, device=args.device)
-    return statistics.median(slowest_rank(run_training(cfg))[cfg.warmup:])
+    cfg = TrainConfig(
+        workload=args.workload,
+        nproc=args.nproc,
+        warmup=args.warmup + args.steps,
+        steps=args.after,
+        max_rows=args.max_rows,
+        pipeline=args.pipeline,
+        device=args.device,
+    )
+    return statistics.median(slowest_rank(run_training(cfg))[cfg.warmup :])
 
 
 def profiled(args) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="sparselift-bench-") as out:
-        cfg = TrainConfig(workload=args.workload, nproc=args.nproc, warmup=args.warmup,
-                          steps=args.steps + args.after, max_rows=args.max_rows, pipeline=args.pipeline,
-                          device=args.device, hook=HOOK,
-                          hook_args=dict(out_dir=out, warmup=args.warmup, steps=args.steps,
-                                         execution_trace=args.execution_trace))
+        cfg = TrainConfig(
+            workload=args.workload,
+            nproc=args.nproc,
+            warmup=args.warmup,
+            steps=args.steps + args.after,
+            max_rows=args.max_rows,
+            pipeline=args.pipeline,
+            device=args.device,
+            hook=HOOK,
+            hook_args=dict(
+                out_dir=out,
+                warmup=args.warmup,
+                steps=args.steps,
+                execution_trace=args.execution_trace,
+            ),
+        )
         per_step = slowest_rank(run_training(cfg))
-    window = per_step[args.warmup:args.warmup + args.steps]
-    return statistics.median(window), statistics.median(per_step[args.warmup + args.steps:])
+    window = per_step[args.warmup : args.warmup + args.steps]
+    return statistics.median(window), statistics.median(per_step[args.warmup + args.steps :])
 
 
 def main() -> None:
@@ -49,7 +67,9 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=3, help="profiled steps")
-    p.add_argument("--after", type=int, default=50, help="steady-state steps measured after the window")
+    p.add_argument(
+        "--after", type=int, default=50, help="steady-state steps measured after the window"
+    )
     p.add_argument("--repeats", type=int, default=3, help="baseline/profiled pairs, alternating")
     p.add_argument("--max-rows", type=int, default=None)
     p.add_argument("--pipeline", default=None)
@@ -63,11 +83,15 @@ def main() -> None:
         w, a = profiled(args)
         window.append(w)
         after.append(a)
-        print(f"pair {i}: baseline {base[-1] * 1e3:.2f} ms/step   profiled window {w * 1e3:.2f}   "
-              f"after window {a * 1e3:.2f}")
+        print(
+            f"pair {i}: baseline {base[-1] * 1e3:.2f} ms/step   profiled window {w * 1e3:.2f}   "
+            f"after window {a * 1e3:.2f}"
+        )
     b, w, a = statistics.median(base), statistics.median(window), statistics.median(after)
-    print(f"\n{args.workload}, {args.nproc} ranks, {args.steps} profiled steps after {args.warmup}, "
-          f"{args.after} steps after the window, median of {args.repeats} pairs")
+    print(
+        f"\n{args.workload}, {args.nproc} ranks, {args.steps} profiled steps after {args.warmup}, "
+        f"{args.after} steps after the window, median of {args.repeats} pairs"
+    )
     print(f"  never profiled        {1 / b:8.2f} steps/s   ({b * 1e3:.2f} ms/step)")
     print(f"  after the window      {1 / a:8.2f} steps/s   ratio {b / a:.3f}  (target >= 0.98)")
     print(f"  profiled steps        {1 / w:8.2f} steps/s   slowdown {w / b:.2f}x")

@@ -44,19 +44,35 @@ class BenchResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "workload": self.workload, "nproc": self.nproc, "rounds": self.rounds, "steps": self.steps,
-            "contenders": [dict(label=c.label, plan=c.plan, steps_per_s=c.steps_per_s,
-                                median=c.median, min=min(c.steps_per_s), max=max(c.steps_per_s),
-                                ratio=self.ratio(c)) for c in self.contenders],
+            "workload": self.workload,
+            "nproc": self.nproc,
+            "rounds": self.rounds,
+            "steps": self.steps,
+            "contenders": [
+                dict(
+                    label=c.label,
+                    plan=c.plan,
+                    steps_per_s=c.steps_per_s,
+                    median=c.median,
+                    min=min(c.steps_per_s),
+                    max=max(c.steps_per_s),
+                    ratio=self.ratio(c),
+                )
+                for c in self.contenders
+            ],
         }
 
     def table(self) -> str:
         w = max(8, *(len(c.label) for c in self.contenders))
-        lines = [f"{self.workload}: {self.nproc} ranks, {self.rounds} rounds × {self.steps} steps, interleaved",
-                 f"  {'plan':{w}s} {'steps/s':>9s} {'min':>9s} {'max':>9s} {'ratio':>7s}"]
+        lines = [
+            f"{self.workload}: {self.nproc} ranks, {self.rounds} rounds × {self.steps} steps, interleaved",
+            f"  {'plan':{w}s} {'steps/s':>9s} {'min':>9s} {'max':>9s} {'ratio':>7s}",
+        ]
         for c in self.contenders:
-            lines.append(f"  {c.label:{w}s} {c.median:9.2f} {min(c.steps_per_s):9.2f} {max(c.steps_per_s):9.2f} "
-                         f"{self.ratio(c):7.3f}")
+            lines.append(
+                f"  {c.label:{w}s} {c.median:9.2f} {min(c.steps_per_s):9.2f} {max(c.steps_per_s):9.2f} "
+                f"{self.ratio(c):7.3f}"
+            )
         return "\n".join(lines)
 
 
@@ -71,7 +87,9 @@ def contenders_for(plans: list[str], vs_torchrec: bool) -> list[Contender]:
     return out
 
 
-def run_bench(base: TrainConfig, contenders: list[Contender], rounds: int = 3, echo=None) -> BenchResult:
+def run_bench(
+    base: TrainConfig, contenders: list[Contender], rounds: int = 3, echo=None
+) -> BenchResult:
     """Validate every contender, then train them interleaved for `rounds` rounds."""
     if rounds < 1:
         raise UserError(f"--rounds must be at least 1, got {rounds}")
@@ -85,17 +103,24 @@ def run_bench(base: TrainConfig, contenders: list[Contender], rounds: int = 3, e
             c.steps_per_s.append(result.steps_per_s)
             if echo:
                 echo(f"round {r + 1}/{rounds} {c.label}: {result.steps_per_s:.2f} steps/s")
-    return BenchResult(workload=spec.name, nproc=base.nproc, rounds=rounds, steps=base.steps,
-                       contenders=contenders)
+    return BenchResult(
+        workload=spec.name, nproc=base.nproc, rounds=rounds, steps=base.steps, contenders=contenders
+    )
 
 
 def register(sub) -> None:
     from sparselift.workloads.commands import add_training_args
 
-    p = sub.add_parser("bench", help="measure plans against each other (interleaved runs, steps/s, ratios)")
+    p = sub.add_parser(
+        "bench", help="measure plans against each other (interleaved runs, steps/s, ratios)"
+    )
     add_training_args(p)
-    p.add_argument("--plan", action="append", default=[], metavar="PLAN", help="a plan file; repeat for more")
-    p.add_argument("--vs", choices=(TORCHREC,), default=None, help="also measure TorchRec's own plan")
+    p.add_argument(
+        "--plan", action="append", default=[], metavar="PLAN", help="a plan file; repeat for more"
+    )
+    p.add_argument(
+        "--vs", choices=(TORCHREC,), default=None, help="also measure TorchRec's own plan"
+    )
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON")
     p.set_defaults(run=run_bench_command)
@@ -108,8 +133,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from sparselift.workloads.commands import config_from_args
 
     contenders = contenders_for(args.plan, args.vs == TORCHREC)
-    result = run_bench(config_from_args(args), contenders, args.rounds,
-                       echo=lambda s: print(s, file=sys.stderr, flush=True))
+    result = run_bench(
+        config_from_args(args),
+        contenders,
+        args.rounds,
+        echo=lambda s: print(s, file=sys.stderr, flush=True),
+    )
     print(result.table())
     if args.json:
         write_json(args.json, result.to_json())

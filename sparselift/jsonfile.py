@@ -23,14 +23,18 @@ def read_json(path: str | Path, what: str) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{p}: cannot read {what} ({e.__class__.__name__})") from None
     except json.JSONDecodeError as e:
-        raise UserError(f"{p}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        raise UserError(
+            f"{p}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"
+        ) from None
 
 
 def read_versioned(path: str | Path, fmt: str, version: int, what: str) -> dict[str, Any]:
     """`read_json`, then the object's `format` must be `fmt` and its `version` `version`."""
     d = read_json(path, what)
     if not isinstance(d, dict) or d.get("format") != fmt:
-        raise UserError(f"{path}: not a {what} (expected \"format\": \"{fmt}\")")
+        raise UserError(f'{path}: not a {what} (expected "format": "{fmt}")')
     if d.get("version") != version:
-        raise UserError(f"{path}: unsupported {what} version {d.get('version')!r} (expected {version})")
+        raise UserError(
+            f"{path}: unsupported {what} version {d.get('version')!r} (expected {version})"
+        )
     return d

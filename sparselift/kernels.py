@@ -28,15 +28,23 @@ import numpy as np
 ID_BYTES, LENGTH_BYTES, FLOAT_BYTES = 8, 4, 4  # an id, a bag length, an embedding element
 
 CPU_UNIQUE_WEIGHT = {"lookup_fwd": 5.0, "lookup_bwd": 41.0}  # κ: one unique row costs κ ids
-CPU_BAG_WEIGHT = {"lookup_fwd": 0.22, "lookup_bwd": 0.06}  # μ: one pooled output element costs μ ids
+CPU_BAG_WEIGHT = {
+    "lookup_fwd": 0.22,
+    "lookup_bwd": 0.06,
+}  # μ: one pooled output element costs μ ids
 
 # Fixed cost of one call on a CPU rank, measured on its own: a profile sees about one size per call
 # and cannot tell a call's fixed cost from its size by itself. Lookups: the kernel fits above.
 # Distributions: TorchRec's KJTAllToAll (input_dist) and PooledEmbeddingsAllToAll (output_dist,
 # forward and backward) between 2 gloo ranks, 3 KB–2 MB, median of 25 calls
 # (benchmarks/bench_dist_calls.py): 0.85 ms + 1.8 ns/B, 0.34 ms + 1.6 ns/B, 0.50 ms + 2.2 ns/B.
-CPU_CALL_S = {"lookup_fwd": 1.9e-4, "lookup_bwd": 1.1e-4,
-              "input_dist": 8.5e-4, "output_dist_fwd": 3.4e-4, "output_dist_bwd": 5.0e-4}
+CPU_CALL_S = {
+    "lookup_fwd": 1.9e-4,
+    "lookup_bwd": 1.1e-4,
+    "input_dist": 8.5e-4,
+    "output_dist_fwd": 3.4e-4,
+    "output_dist_bwd": 5.0e-4,
+}
 CPU_DIST_B_S = 2e-9  # seconds per byte of a distribution call, host work and wire together
 
 
@@ -47,10 +55,14 @@ def gpu_row_penalty(dim: float) -> float:
     return 1.0 if dim >= 128 else 1.15 if dim >= 64 else 1.75
 
 
-def lookup_work(kind: str, device: str, ids: float, unique: float, dim: float, bag_elems: float = 0.0) -> float:
+def lookup_work(
+    kind: str, device: str, ids: float, unique: float, dim: float, bag_elems: float = 0.0
+) -> float:
     """Units of work of one lookup call (`kind` lookup_fwd / lookup_bwd) on `device`; `bag_elems`
     the pooled output elements it writes (bags × dim summed over its tables)."""
-    if device == "cuda":  # read the ids (8 B = 2 elements), gather rows (32 lanes at least), write bags
+    if (
+        device == "cuda"
+    ):  # read the ids (8 B = 2 elements), gather rows (32 lanes at least), write bags
         return gpu_row_penalty(dim) * (ids * (2.0 + max(dim, 32.0)) + bag_elems)
     return ids + CPU_UNIQUE_WEIGHT[kind] * unique + CPU_BAG_WEIGHT[kind] * bag_elems
 
@@ -91,7 +103,7 @@ def zipf_top_share(n: int, alpha: float, k: int) -> float:
 def _harmonic(n: int, a: float) -> float:
     # generalized harmonic number, Euler–Maclaurin tail beyond 1000 terms (exact enough for shares)
     m = min(n, 1000)
-    s = sum(i ** -a for i in range(1, m + 1))
+    s = sum(i**-a for i in range(1, m + 1))
     if n > m:
         if abs(a - 1.0) < 1e-9:
             s += math.log(n / m)

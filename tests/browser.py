@@ -6,8 +6,15 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 # Bokeh draws into canvases inside its views' shadow roots: walk them all.
 COUNT_CANVASES = """() => {
@@ -29,7 +36,9 @@ class Rendered:
 
 def render(path: Path, settle_ms: int = 1500) -> Rendered:
     chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium is needed (scripts/setup.sh installs it): apt-get install chromium"
+    assert chromium, (
+        "Debian's chromium is needed (scripts/setup.sh installs it): apt-get install chromium"
+    )
     from playwright.sync_api import sync_playwright
 
     errors: list[str] = []

@@ -11,7 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # Launched ranks import hook modules from tests/ (e.g. tests/rank_hooks.py).
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p
+)
 
 
 @pytest.fixture

@@ -19,7 +19,9 @@ def tiny_tables(max_rows: int | None = None) -> list[dict[str, Any]]:
 
 
 def round_robin(world: int = 2, max_rows: int | None = None) -> plans.Plan:
-    return plans.round_robin_table_wise(tiny_tables(max_rows), PlanTopology(world, world, "cpu"), module=DLRM_EBC)
+    return plans.round_robin_table_wise(
+        tiny_tables(max_rows), PlanTopology(world, world, "cpu"), module=DLRM_EBC
+    )
 
 
 def mixed(precision: str = "fp32", pipeline: str = "base") -> plans.Plan:
@@ -46,11 +48,23 @@ def mixed(precision: str = "fp32", pipeline: str = "base") -> plans.Plan:
     p.tables = [new.get(t.name, t) for t in p.tables]
     p.comm_precision = CommPrecision(precision, precision)
     p.pipeline = pipeline
-    p.predicted = {"step_time_s": 0.0123456789012, "per_rank": [
-        {"rank": 0, "compute_s": 0.001, "comm_s": 0.002, "memory_bytes": 1000},
-        {"rank": 1, "compute_s": 0.003, "comm_s": 0.004, "memory_bytes": 2000}]}
-    p.solver = {"name": "test", "status": "OPTIMAL", "objective": 1.5, "bound": 1.25, "gap": 0.2, "time_s": 0.1,
-                "seed": 0, "workers": 1}
+    p.predicted = {
+        "step_time_s": 0.0123456789012,
+        "per_rank": [
+            {"rank": 0, "compute_s": 0.001, "comm_s": 0.002, "memory_bytes": 1000},
+            {"rank": 1, "compute_s": 0.003, "comm_s": 0.004, "memory_bytes": 2000},
+        ],
+    }
+    p.solver = {
+        "name": "test",
+        "status": "OPTIMAL",
+        "objective": 1.5,
+        "bound": 1.25,
+        "gap": 0.2,
+        "time_s": 0.1,
+        "seed": 0,
+        "workers": 1,
+    }
     p.provenance = {"z": 1, "a": {"y": 2.0, "b": [1, 2]}}
     return plans.Plan.from_dict(p.to_dict())
 
@@ -65,13 +79,23 @@ def doc(plan: plans.Plan) -> dict[str, Any]:
 
 
 def big_plan(n_tables: int = 1000, world: int = 8) -> plans.Plan:
-    tables = [dict(name=f"table_{i:04d}", num_embeddings=1000 + i, embedding_dim=64, feature_names=[f"f_{i}"])
-              for i in range(n_tables)]
+    tables = [
+        dict(
+            name=f"table_{i:04d}",
+            num_embeddings=1000 + i,
+            embedding_dim=64,
+            feature_names=[f"f_{i}"],
+        )
+        for i in range(n_tables)
+    ]
     p = plans.round_robin_table_wise(tables, PlanTopology(world, world, "cpu"))
     for i, t in enumerate(p.tables):  # every third table row-wise: shards per rank
         if i % 3 == 0:
             r = 1000 + i
             step = -(-r // world)
             t.sharding_type, t.ranks = "row_wise", list(range(world))
-            t.shards = [Shard(k, (min(k * step, r), 0), (max(0, min(step, r - k * step)), 64)) for k in range(world)]
+            t.shards = [
+                Shard(k, (min(k * step, r), 0), (max(0, min(step, r - k * step)), 64))
+                for k in range(world)
+            ]
     return p

@@ -30,8 +30,11 @@ class LayoutHook:
             if isinstance(m, ShardedEmbeddingBagCollection):
                 built += list(m._sharding_types)  # one input dist + lookup per type DMP built
                 for name, ps in m.module_sharding_plan.items():
-                    tables[name] = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel,
-                                    "ranks": list(ps.ranks or [])}
+                    tables[name] = {
+                        "sharding_type": ps.sharding_type,
+                        "compute_kernel": ps.compute_kernel,
+                        "ranks": list(ps.ranks or []),
+                    }
         for key, w in model.state_dict().items():
             if not key.endswith(".weight") or ".embedding_bags." not in key:
                 continue
@@ -39,13 +42,19 @@ class LayoutHook:
             if isinstance(w, ShardedTensor):
                 tables[name]["global_shards"] = sorted(
                     (int(md.placement.rank()), list(md.shard_offsets), list(md.shard_sizes))
-                    for md in w.metadata().shards_metadata)
+                    for md in w.metadata().shards_metadata
+                )
                 tables[name]["local_shards"] = sorted(
-                    (list(s.metadata.shard_offsets), list(s.metadata.shard_sizes)) for s in w.local_shards())
+                    (list(s.metadata.shard_offsets), list(s.metadata.shard_sizes))
+                    for s in w.local_shards()
+                )
             else:
                 tables[name]["replicated_shape"] = list(w.shape)
-        return {"tables": tables, "built_sharding_types": sorted(set(built)),
-                "pipeline_class": type(self.ctx.pipeline).__name__}
+        return {
+            "tables": tables,
+            "built_sharding_types": sorted(set(built)),
+            "pipeline_class": type(self.ctx.pipeline).__name__,
+        }
 
 
 def layout(ctx: Any) -> LayoutHook:

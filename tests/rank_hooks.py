@@ -36,6 +36,9 @@ class ShardingTypes:
         out = {}
         for module_path, module_plan in self.ctx.model.plan.plan.items():
             for table, ps in module_plan.items():
-                out[table] = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel,
-                              "ranks": ps.ranks}
+                out[table] = {
+                    "sharding_type": ps.sharding_type,
+                    "compute_kernel": ps.compute_kernel,
+                    "ranks": ps.ranks,
+                }
         return {"tables": out, "device": str(self.ctx.device), "world_size": self.ctx.world_size}

@@ -27,8 +27,9 @@ def _error(analyses, cal_on, target):
     """Held-out error of the optimizer's cost model (what the solver minimizes), calibrated on `cal_on`."""
     cal = analyses[cal_on].calibration.to_dict()
     stats, batch = stats_from_profile(FIX / f"profile_tiny_{target}")
-    pred = predict_plan(plans.load(FIX / f"tiny_{target}.plan.json"), stats, cal, preset("cpu-gloo", 2, 2),
-                        batch).step_time_s
+    pred = predict_plan(
+        plans.load(FIX / f"tiny_{target}.plan.json"), stats, cal, preset("cpu-gloo", 2, 2), batch
+    ).step_time_s
     meas = analyses[target].steps.groupby("step")["dur_s"].max().min()
     return (pred - meas) / meas
 
@@ -36,10 +37,17 @@ def _error(analyses, cal_on, target):
 def test_fit_calls_uses_sizes_when_they_differ_and_the_measured_fixed_cost_otherwise():
     a, b = _fit_calls([1, 2, 3, 4], [3, 5, 7, 9])
     assert (a, b) == pytest.approx((1, 2))
-    assert _fit_calls([1, 2, 3, 4], [3, 5, 7, 9], fixed=0.5) == pytest.approx((0.5, (2.5 * 1 + 4.5 * 2 + 6.5 * 3 + 8.5 * 4) / 30))
-    assert _fit_calls([1, 2, 4], [3, 3, 3]) == pytest.approx((3, 0))  # time does not grow: all fixed
+    assert _fit_calls([1, 2, 3, 4], [3, 5, 7, 9], fixed=0.5) == pytest.approx(
+        (0.5, (2.5 * 1 + 4.5 * 2 + 6.5 * 3 + 8.5 * 4) / 30)
+    )
+    assert _fit_calls([1, 2, 4], [3, 3, 3]) == pytest.approx(
+        (3, 0)
+    )  # time does not grow: all fixed
     assert _fit_calls([5, 5, 5], [10, 10, 10]) == (0.0, 2.0)  # one size, no prior: per unit
-    assert _fit_calls([5, 5, 5], [10, 10, 10], fixed=4.0) == (4.0, 1.2)  # one size: the prior, rest per unit
+    assert _fit_calls([5, 5, 5], [10, 10, 10], fixed=4.0) == (
+        4.0,
+        1.2,
+    )  # one size: the prior, rest per unit
     assert _fit_calls([5, 5], [1, 1], fixed=4.0) == (1.0, 0.0)  # never more than a call took
 
 
@@ -47,18 +55,37 @@ def test_one_slow_allreduce_does_not_price_every_data_parallel_table():
     # 8 allreduces of 1 MB, 1 ms of transfer each (1e-9 s a byte; the rank's own span adds its wait
     # for the peer), but one that a late peer thread made 10 ms long: a mean would say 2.1e-9
     ms = [1e-3] * 7 + [10e-3]
-    dp = pd.DataFrame({"kind": "dp_allreduce", "part": "collective", "bytes": 1e6, "transfer_s": ms,
-                       "dur_s": [t + 5e-3 for t in ms]})
-    other = pd.DataFrame({"kind": ["dp_allreduce", "lookup_fwd"], "part": ["wait", "compute"], "bytes": [0, 1e6],
-                          "transfer_s": [None, None], "dur_s": [1.0, 1.0]})
+    dp = pd.DataFrame(
+        {
+            "kind": "dp_allreduce",
+            "part": "collective",
+            "bytes": 1e6,
+            "transfer_s": ms,
+            "dur_s": [t + 5e-3 for t in ms],
+        }
+    )
+    other = pd.DataFrame(
+        {
+            "kind": ["dp_allreduce", "lookup_fwd"],
+            "part": ["wait", "compute"],
+            "bytes": [0, 1e6],
+            "transfer_s": [None, None],
+            "dur_s": [1.0, 1.0],
+        }
+    )
     fit = dp_allreduce_fit(pd.concat([dp, other], ignore_index=True))
     assert fit.b_s == pytest.approx(1e-9) and fit.n == 8
     assert dp_allreduce_fit(other) is None
 
 
 def _waits(waits_by_rank):
-    return pd.DataFrame([dict(rank=r, step=t, group="table_wise", wait=w)
-                         for r, ws in enumerate(waits_by_rank) for t, w in enumerate(ws)])
+    return pd.DataFrame(
+        [
+            dict(rank=r, step=t, group="table_wise", wait=w)
+            for r, ws in enumerate(waits_by_rank)
+            for t, w in enumerate(ws)
+        ]
+    )
 
 
 def test_a_collective_is_priced_for_ranks_arriving_at_random_not_for_steady_imbalance():
@@ -71,7 +98,10 @@ def test_a_collective_is_priced_for_ranks_arriving_at_random_not_for_steady_imba
     assert sync_wait(_waits([r0, r1])) == pytest.approx(1e-3)
     assert sync_wait(_waits([r0[:2], r1[:2]])) == 0.0  # too few steps to tell
     # the optimizer pays it with every call of that distribution
-    cal = {"device": "cpu", "ops": {"output_dist_fwd": {"x": "bytes", "a_s": 3e-4, "b_s": 2e-9, "sync_s": 1e-3}}}
+    cal = {
+        "device": "cpu",
+        "ops": {"output_dist_fwd": {"x": "bytes", "a_s": 3e-4, "b_s": 2e-9, "sync_s": 1e-3}},
+    }
     assert coefficients(preset("cpu-gloo", 2, 2), cal).output_dist_fwd.a_s == pytest.approx(1.3e-3)
 
 
@@ -82,7 +112,9 @@ def test_calibration_file_roundtrip(analyses, tmp_path):
     assert d["format"] == FORMAT and d["version"] == 1 and d["world_size"] == 2
     assert set(UNITS) <= set(d["ops"])
     for v in d["ops"].values():
-        assert {"x", "a_s", "b_s", "r2", "n", "overlap", "sync_s"} <= set(v) and 0 <= v["overlap"] <= 1
+        assert {"x", "a_s", "b_s", "r2", "n", "overlap", "sync_s"} <= set(v) and 0 <= v[
+            "overlap"
+        ] <= 1
         assert v["sync_s"] >= 0 and (v["sync_s"] == 0 or v["x"] == "bytes")
     cal = load_calibration(tmp_path / "calibration.json")
     assert cal["dense_step_s"] == d["dense_step_s"] > 0

@@ -31,7 +31,9 @@ def test_analyze_writes_outputs(tmp_path, capsys):
     assert main(["analyze", str(prof), "--out", str(tmp_path / "out2")]) == 0  # from the cache
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps  # read, not rewritten
     for name in ("nodes.parquet", "edges.parquet", "summary.parquet"):  # the same graph either way
-        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "out2" / name).read_bytes(), name
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "out2" / name).read_bytes(), (
+            name
+        )
 
 
 def _truncate(p: Path):
@@ -63,8 +65,11 @@ def _mixed(p: Path):
 def _no_sparse(p: Path):
     f = p / "rank0.trace.json.gz"
     d = json.loads(gzip.decompress(f.read_bytes()))
-    d["traceEvents"] = [e for e in d["traceEvents"] if e.get("name", "").startswith("ProfilerStep")
-                        or e.get("ph") == "M"]
+    d["traceEvents"] = [
+        e
+        for e in d["traceEvents"]
+        if e.get("name", "").startswith("ProfilerStep") or e.get("ph") == "M"
+    ]
     f.write_bytes(gzip.compress(json.dumps(d).encode()))
     return "rank0.trace.json.gz: no sparse-path events"
 
@@ -74,7 +79,9 @@ def _no_manifest(p: Path):
     return "manifest.json: missing"
 
 
-@pytest.mark.parametrize("breaker", [_truncate, _not_trace, _garbage, _missing, _mixed, _no_sparse, _no_manifest])
+@pytest.mark.parametrize(
+    "breaker", [_truncate, _not_trace, _garbage, _missing, _mixed, _no_sparse, _no_manifest]
+)
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, breaker):
     prof = _copy(TW, tmp_path / "p")
     want = breaker(prof)

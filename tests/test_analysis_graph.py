@@ -68,4 +68,6 @@ def test_critical_path_and_imbalance(analysis):
     assert (cp.groupby("step")["rank"].first() == slowest).all()
     # imbalance is that step's max ÷ mean over ranks
     by = s.groupby("step")["step_s"]
-    assert s["imbalance_step"].values == pytest.approx((by.transform("max") / by.transform("mean")).values)
+    assert s["imbalance_step"].values == pytest.approx(
+        (by.transform("max") / by.transform("mean")).values
+    )

@@ -8,24 +8,58 @@ import sys
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
-
 from browser import render
 from conftest import ROOT
+from nbclient import NotebookClient
 
 
 def sparselift(*args) -> None:
-    subprocess.run([sys.executable, "-m", "sparselift.cli", *map(str, args)], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    subprocess.run(
+        [sys.executable, "-m", "sparselift.cli", *map(str, args)],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A real 2-rank profile of `tiny`, and two plans for it."""
     d = tmp_path_factory.mktemp("tiny")
-    sparselift("profile", "--workload", "tiny", "--nproc", 2, "--steps", 2, "--warmup", 1, "--out", d / "profile")
-    sparselift("plan", "from-torchrec", "--workload", "tiny", "--world-size", 2, "--out", d / "torchrec.plan.json")
-    sparselift("plan", "round-robin", "--workload", "tiny", "--world-size", 2, "--out", d / "round-robin.plan.json")
+    sparselift(
+        "profile",
+        "--workload",
+        "tiny",
+        "--nproc",
+        2,
+        "--steps",
+        2,
+        "--warmup",
+        1,
+        "--out",
+        d / "profile",
+    )
+    sparselift(
+        "plan",
+        "from-torchrec",
+        "--workload",
+        "tiny",
+        "--world-size",
+        2,
+        "--out",
+        d / "torchrec.plan.json",
+    )
+    sparselift(
+        "plan",
+        "round-robin",
+        "--workload",
+        "tiny",
+        "--world-size",
+        2,
+        "--out",
+        d / "round-robin.plan.json",
+    )
     return d
 
 
@@ -33,14 +67,23 @@ def run_notebook(name: str, params: str) -> nbformat.NotebookNode:
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(cells) == 1, f"{name} must have exactly one parameters cell"
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{name} is committed with outputs"
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), (
+        f"{name} is committed with outputs"
+    )
     cells[0].source = params
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    NotebookClient(
+        nb,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(ROOT / "notebooks")}},
+    ).execute()
     return nb
 
 
 def _outputs(nb) -> list[str]:
-    return [json.dumps(o.get("data", {})) for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    return [
+        json.dumps(o.get("data", {})) for c in nb.cells if c.cell_type == "code" for o in c.outputs
+    ]
 
 
 def test_profile_tour_runs_clean(tiny_run):
@@ -58,7 +101,9 @@ def test_plan_compare_runs_clean(tiny_run):
 
 def test_analyze_html_report_renders_offline(tiny_run, cli):
     out = tiny_run / "report.html"
-    code, _, err = cli("analyze", tiny_run / "profile", "--out", tiny_run / "analysis", "--html", out)
+    code, _, err = cli(
+        "analyze", tiny_run / "profile", "--out", tiny_run / "analysis", "--html", out
+    )
     assert code == 0, err
     page = render(out)
     assert page.errors == [] and page.requests == []  # nothing fetched: Bokeh is inline
@@ -67,8 +112,14 @@ def test_analyze_html_report_renders_offline(tiny_run, cli):
 
 def test_plan_diff_html_report_renders_offline(tiny_run, cli):
     out = tiny_run / "diff.html"
-    code, _, err = cli("plan", "diff", tiny_run / "torchrec.plan.json", tiny_run / "round-robin.plan.json",
-                       "--html", out)
+    code, _, err = cli(
+        "plan",
+        "diff",
+        tiny_run / "torchrec.plan.json",
+        tiny_run / "round-robin.plan.json",
+        "--html",
+        out,
+    )
     assert code == 0, err
     page = render(out)
     assert page.errors == [] and page.requests == [] and page.canvases >= 3

@@ -23,13 +23,29 @@ def test_same_inputs_same_bytes(tmp_path):
     assert a.read_bytes() == b.read_bytes()
     plan = json.loads(a.read_text())
     s = plan["solver"]
-    assert 0 <= s["gap"] < 1 and s["bound"] <= s["objective"] and plan["predicted"]["step_time_s"] > 0
+    assert (
+        0 <= s["gap"] < 1 and s["bound"] <= s["objective"] and plan["predicted"]["step_time_s"] > 0
+    )
 
 
 def test_what_if_gpu_topology_multi_host(tmp_path, capsys):
     out = tmp_path / "p.json"
-    assert _run("--workload", "multihot-26", "--device", "h200x8", "--world-size", "16", "--out", str(out),
-                "--time-limit", "4", "--no-baseline") == 0
+    assert (
+        _run(
+            "--workload",
+            "multihot-26",
+            "--device",
+            "h200x8",
+            "--world-size",
+            "16",
+            "--out",
+            str(out),
+            "--time-limit",
+            "4",
+            "--no-baseline",
+        )
+        == 0
+    )
     from sparselift import plans
 
     plan = plans.load(out)
@@ -37,7 +53,9 @@ def test_what_if_gpu_topology_multi_host(tmp_path, capsys):
     assert "HBM per rank" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("case", ["no-calibration", "bad-topology", "bad-topology-json", "too-big", "empty"])
+@pytest.mark.parametrize(
+    "case", ["no-calibration", "bad-topology", "bad-topology-json", "too-big", "empty"]
+)
 def test_refusals(tmp_path, capsys, case):
     out = tmp_path / "plan.json"
     if case == "no-calibration":
@@ -46,7 +64,11 @@ def test_refusals(tmp_path, capsys, case):
         want = "sparselift analyze"
     elif case == "bad-topology":
         f = tmp_path / "t.json"
-        f.write_text(json.dumps({"format": "sparselift-topology", "version": 1, "world_size": 2, "device": "tpu"}))
+        f.write_text(
+            json.dumps(
+                {"format": "sparselift-topology", "version": 1, "world_size": 2, "device": "tpu"}
+            )
+        )
         args, want = ["--workload", "tiny", "--topology", str(f)], "device"
     elif case == "bad-topology-json":
         f = tmp_path / "t.json"
@@ -54,13 +76,31 @@ def test_refusals(tmp_path, capsys, case):
         args, want = ["--workload", "tiny", "--topology", str(f)], "malformed JSON"
     elif case == "too-big":
         f = tmp_path / "t.json"
-        f.write_text(json.dumps({"format": "sparselift-topology", "version": 1, "base": "cpu-gloo",
-                                 "world_size": 2, "ddr_bytes": 4 * 2**20}))
+        f.write_text(
+            json.dumps(
+                {
+                    "format": "sparselift-topology",
+                    "version": 1,
+                    "base": "cpu-gloo",
+                    "world_size": 2,
+                    "ddr_bytes": 4 * 2**20,
+                }
+            )
+        )
         args, want = ["--workload", "tiny", "--topology", str(f)], "largest tables"
     else:
         f = tmp_path / "w.json"
-        f.write_text(json.dumps({"name": "e", "batch_size": 8, "dense_in_features": 1,
-                                 "model": {"arch": "dlrm", "dense_arch": [4], "over_arch": [1]}, "tables": []}))
+        f.write_text(
+            json.dumps(
+                {
+                    "name": "e",
+                    "batch_size": 8,
+                    "dense_in_features": 1,
+                    "model": {"arch": "dlrm", "dense_arch": [4], "over_arch": [1]},
+                    "tables": [],
+                }
+            )
+        )
         args, want = ["--workload", str(f)], "no tables"
     assert _run(*args, "--out", str(out), "--no-baseline") == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -74,7 +114,9 @@ def test_a_cuda_profile_is_planned_for_its_gpu_not_for_a_cpu(tmp_path, capsys, g
     shutil.copytree(Path(__file__).parent / "fixtures" / "profile_tiny_table_wise", prof)
     assert main(["analyze", str(prof)]) == 0
     cal = json.loads((prof / "calibration.json").read_text())
-    assert cal["provenance"]["manifest"]["local_world_size"] == 2  # what the profile ran on travels along
+    assert (
+        cal["provenance"]["manifest"]["local_world_size"] == 2
+    )  # what the profile ran on travels along
     cal["device"] = "cuda"  # as if profiled on GPUs, which this machine has none of
     cal["provenance"]["manifest"]["gpu"] = gpu
     (prof / "calibration.json").write_text(json.dumps(cal))
@@ -83,11 +125,21 @@ def test_a_cuda_profile_is_planned_for_its_gpu_not_for_a_cpu(tmp_path, capsys, g
     if gpu:
         assert rc == 0
         topo = plans.load(out).topology
-        assert (topo.device, topo.preset, topo.world_size, topo.local_world_size) == ("cuda", "h200x8", 2, 2)
+        assert (topo.device, topo.preset, topo.world_size, topo.local_world_size) == (
+            "cuda",
+            "h200x8",
+            2,
+            2,
+        )
     else:  # no preset to plan with: said, not planned for a CPU instead
         assert rc == 2 and not out.exists()
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "profiled on CUDA" in err[0] and "--device" in err[0] and str(prof) in err[0]
+        assert (
+            len(err) == 1
+            and "profiled on CUDA" in err[0]
+            and "--device" in err[0]
+            and str(prof) in err[0]
+        )
 
 
 def test_plan_loads_and_trains(tmp_path):
@@ -95,10 +147,20 @@ def test_plan_loads_and_trains(tmp_path):
 
     out = tmp_path / "p.json"
     assert _run("--workload", "tiny", "--out", str(out), "--time-limit", "5", "--no-baseline") == 0
-    result = run_training(TrainConfig(workload="tiny", nproc=2, steps=3, warmup=1, plan=str(out),
-                                      hook="rank_hooks:ShardingTypes"))
+    result = run_training(
+        TrainConfig(
+            workload="tiny",
+            nproc=2,
+            steps=3,
+            warmup=1,
+            plan=str(out),
+            hook="rank_hooks:ShardingTypes",
+        )
+    )
     plan = plans.load(out)
     got = result.ranks[0].extra["tables"]
     for t in plan.tables:  # every table trained as the plan says
-        assert got[t.name]["sharding_type"] == t.sharding_type and got[t.name]["ranks"] == t.ranks, t.name
+        assert (
+            got[t.name]["sharding_type"] == t.sharding_type and got[t.name]["ranks"] == t.ranks
+        ), t.name
     assert result.pipeline == plan.pipeline

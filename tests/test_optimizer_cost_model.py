@@ -14,7 +14,10 @@ from sparselift.optimizer.space import CW, RW, TW, OptionClass, enumerate_classe
 from sparselift.optimizer.stats import TableStats, zipf_share
 from sparselift.optimizer.topology import preset
 
-T = [TableStats(f"t{i}", 1000 * (i + 1), 32, 2.0 + i, zipf_alpha=1.1, feature_names=(f"t{i}",)) for i in range(4)]
+T = [
+    TableStats(f"t{i}", 1000 * (i + 1), 32, 2.0 + i, zipf_alpha=1.1, feature_names=(f"t{i}",))
+    for i in range(4)
+]
 
 
 def test_changed_stats_recompute_only_that_table():
@@ -62,7 +65,9 @@ def test_column_shards_split_lookup_work_on_gpu_not_on_cpu():
         tw, cw = m.terms(wide, OptionClass(TW, "fused")), m.terms(wide, OptionClass(CW, "fused", 2))
         fwd, bwd = cw.own[1] / tw.own[1], cw.own[4] / tw.own[4]  # lookup per shard ÷ whole table
         if device == "h100x8":  # GPU lookups move elements: half the columns, about half the work
-            assert 0.5 * 1.15 < fwd < 0.55 * 1.15 and 0.5 * 1.15 < bwd < 0.55 * 1.15  # (64-wide rows)
+            assert (
+                0.5 * 1.15 < fwd < 0.55 * 1.15 and 0.5 * 1.15 < bwd < 0.55 * 1.15
+            )  # (64-wide rows)
         else:  # FBGEMM's CPU kernels pay every id and distinct row again; only the outputs halve
             assert 0.5 < fwd < 1 and 0.9 < bwd < 1
         assert cw.own[0] == pytest.approx(tw.own[0])  # every shard receives all the ids
@@ -84,7 +89,10 @@ def test_cpu_backward_is_paid_per_distinct_row():
 def test_row_wise_output_is_an_all_reduce_on_gloo():
     t = T[2]
     gloo, gpu = preset("cpu-gloo", 4, 4), preset("h100x8", 4, 4)
-    for topo, sent in ((gloo, 2.0 * 3 / 4 * 4), (gpu, 3.0)):  # ring all-reduce of W·B·d vs a reduce-scatter
+    for topo, sent in (
+        (gloo, 2.0 * 3 / 4 * 4),
+        (gpu, 3.0),
+    ):  # ring all-reduce of W·B·d vs a reduce-scatter
         m = CostModel(topo, 64, coefficients(topo))
         counts = m.counts(t, OptionClass(RW, "fused")).own
         assert counts.out_fwd_intra == pytest.approx(sent * 64 * t.embedding_dim * 4)
@@ -97,9 +105,23 @@ def test_a_uvm_cached_table_without_a_load_factor_is_priced_at_the_size_it_runs_
     from sparselift.optimizer.space import Choice
 
     topo = preset("h100x8", 8)
-    named = to_plan(T, {t.name: Choice(OptionClass(TW, "fused_uvm_caching", 1, 0.2), (i,)) for i, t in enumerate(T)},
-                    topo, Globals())
-    unnamed = dataclasses.replace(named, tables=[dataclasses.replace(t, cache_load_factor=None) for t in named.tables])
+    named = to_plan(
+        T,
+        {
+            t.name: Choice(OptionClass(TW, "fused_uvm_caching", 1, 0.2), (i,))
+            for i, t in enumerate(T)
+        },
+        topo,
+        Globals(),
+    )
+    unnamed = dataclasses.replace(
+        named, tables=[dataclasses.replace(t, cache_load_factor=None) for t in named.tables]
+    )
     choices, _ = choices_from_plan(unnamed, topo)
-    assert {ch.cls.cache_load_factor for ch in choices.values()} == {plans.DEFAULT_CACHE_LOAD_FACTOR}
-    assert predict_plan(unnamed, T, None, topo).step_time_s == predict_plan(named, T, None, topo).step_time_s
+    assert {ch.cls.cache_load_factor for ch in choices.values()} == {
+        plans.DEFAULT_CACHE_LOAD_FACTOR
+    }
+    assert (
+        predict_plan(unnamed, T, None, topo).step_time_s
+        == predict_plan(named, T, None, topo).step_time_s
+    )

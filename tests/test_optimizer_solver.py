@@ -42,13 +42,17 @@ def brute_force(model: CostModel, stats, classes, g: Globals) -> float:
         choices = {s.name: ch for s, ch in zip(stats, combo)}
         for pipe in ("base", "sparse-dist"):
             cost = model.evaluate(by_name, choices, Globals(g.forward, g.backward, pipe))
-            if all(r["ddr_bytes"] <= cap_d and (topo.device != "cuda" or r["hbm_bytes"] <= cap_h)
-                   for r in cost.per_rank):
+            if all(
+                r["ddr_bytes"] <= cap_d and (topo.device != "cuda" or r["hbm_bytes"] <= cap_h)
+                for r in cost.per_rank
+            ):
                 best = min(best, cost.step_time_s)
     return best
 
 
-@pytest.mark.parametrize("topo", [preset("cpu-gloo", 2), preset("cpu-gloo", 4, 2)], ids=["1host", "2hosts"])
+@pytest.mark.parametrize(
+    "topo", [preset("cpu-gloo", 2), preset("cpu-gloo", 4, 2)], ids=["1host", "2hosts"]
+)
 def test_exact_solver_matches_brute_force(topo):
     stats = TABLES[:4] if topo.world_size == 2 else TABLES[:3]
     model = CostModel(topo, 128, coefficients(topo))
@@ -56,14 +60,20 @@ def test_exact_solver_matches_brute_force(topo):
     classes = feasible_classes(model, stats, g)
     sol = solve(Problem(stats, model, g, classes), time_limit_s=20, mode="exact")
     assert sol.status == "OPTIMAL"
-    got = model.evaluate({s.name: s for s in stats}, sol.choices, Globals(g.forward, g.backward, sol.pipeline))
-    assert got.step_time_s == pytest.approx(sol.objective_s, rel=1e-6)  # the CP-SAT model is the cost model
+    got = model.evaluate(
+        {s.name: s for s in stats}, sol.choices, Globals(g.forward, g.backward, sol.pipeline)
+    )
+    assert got.step_time_s == pytest.approx(
+        sol.objective_s, rel=1e-6
+    )  # the CP-SAT model is the cost model
     assert got.step_time_s == pytest.approx(brute_force(model, stats, classes, g), rel=1e-6)
 
 
 def test_memory_is_a_hard_constraint():
     # room for about half the weights on each rank: table d (≈31 MiB) must be split
-    topo = dataclasses.replace(preset("cpu-gloo", 2), ddr_bytes=60 * 2**20, memory_reserve_fraction=0.5)
+    topo = dataclasses.replace(
+        preset("cpu-gloo", 2), ddr_bytes=60 * 2**20, memory_reserve_fraction=0.5
+    )
     inp = Inputs(TABLES, topo, 128, coefficients(topo))
     res = optimize(inp, time_limit_s=10)
     for r in res.cost.per_rank:
@@ -92,7 +102,9 @@ def test_never_worse_than_torchrec_under_own_model(device, world):
     spec = load_workload("tiny")
     stats, topo = stats_from_spec(spec), preset(device, world)
     base = torchrec_plan(stats, topo, spec.batch_size)
-    res = optimize(Inputs(stats, topo, spec.batch_size, coefficients(topo)), time_limit_s=10, baseline=base)
+    res = optimize(
+        Inputs(stats, topo, spec.batch_size, coefficients(topo)), time_limit_s=10, baseline=base
+    )
     assert res.cost.step_time_s <= res.baseline_cost.step_time_s * (1 + 1e-9)
 
 
@@ -110,9 +122,13 @@ def test_a_gain_below_min_gain_keeps_torchrecs_plan():
     gain = free.baseline_cost.step_time_s / free.cost.step_time_s - 1
     assert gain > 0 and not free.kept_baseline  # the model finds something better…
     kept = optimize(inputs, time_limit_s=10, baseline=base, min_gain=gain + 0.01)
-    assert kept.kept_baseline and "torchrec plan kept" in kept.plan.solver["status"]  # …not enough to switch
+    assert (
+        kept.kept_baseline and "torchrec plan kept" in kept.plan.solver["status"]
+    )  # …not enough to switch
     assert choices_from_plan(kept.plan, topo)[0] == choices_from_plan(base, topo)[0]
-    assert kept.plan.tables == base.tables and kept.plan.pipeline == base.pipeline  # the plan itself
+    assert (
+        kept.plan.tables == base.tables and kept.plan.pipeline == base.pipeline
+    )  # the plan itself
     assert kept.cost.step_time_s == pytest.approx(free.baseline_cost.step_time_s)
 
 
@@ -124,7 +140,9 @@ def test_cpu_does_not_pick_options_that_do_not_pay():
     assert (res.plan.comm_precision.forward, res.plan.comm_precision.backward) == ("fp32", "fp32")
     # a calibration whose per-byte distribution cost is high (host work around gloo, measured: fp16
     # qcomm no faster) still does not make 16-bit pay: only the wire's share of a byte is halved
-    costly = coefficients(topo).replace(output_dist_fwd=Linear(3e-4, 4e-8), output_dist_bwd=Linear(5e-4, 4e-8))
+    costly = coefficients(topo).replace(
+        output_dist_fwd=Linear(3e-4, 4e-8), output_dist_bwd=Linear(5e-4, 4e-8)
+    )
     assert choose_precision(CostModel(topo, 128, costly)) == Globals("fp32", "fp32")
     # a network between hosts makes fp16 pay, from the same coefficients
     multi = CostModel(preset("h100x8", 16), 512, coefficients(preset("h100x8", 16)))
@@ -144,7 +162,9 @@ def test_a_dominant_table_is_proved_optimal_on_two_ranks():
     stats, topo = stats_from_spec(spec), preset("cpu-gloo", 2)
     model = CostModel(topo, spec.batch_size, coefficients(topo))
     g = choose_precision(model)
-    sol = solve(Problem(stats, model, g, feasible_classes(model, stats, g)), time_limit_s=20, mode="exact")
+    sol = solve(
+        Problem(stats, model, g, feasible_classes(model, stats, g)), time_limit_s=20, mode="exact"
+    )
     assert sol.status == "OPTIMAL" and sol.bound_s == pytest.approx(sol.objective_s, rel=1e-9)
 
 
@@ -158,15 +178,25 @@ def test_local_search_repairs_a_bad_placement():
     g = choose_precision(model)
     p = Problem(stats, model, g, feasible_classes(model, stats, g))
     tw, cw = OptionClass(TW, "fused"), OptionClass(CW, "fused", 2)
-    bad = {s.name: Choice(cw, ranks=(0, 1)) if i % 5 == 0 else Choice(tw, ranks=(i % 2,)) for i, s in enumerate(stats)}
+    bad = {
+        s.name: Choice(cw, ranks=(0, 1)) if i % 5 == 0 else Choice(tw, ranks=(i % 2,))
+        for i, s in enumerate(stats)
+    }
     good = improve_placement(p, bad)
     cost = lambda ch: model.evaluate(p.by_name, ch, g).step_time_s  # noqa: E731
     assert cost(good) < 0.8 * cost(bad)
-    assert {n: c.cls for n, c in good.items()} == {n: c.cls for n, c in bad.items()}  # only ranks move
-    assert all(len(set(c.ranks)) == c.cls.shards for c in good.values())  # a CW table's shards stay apart
+    assert {n: c.cls for n, c in good.items()} == {
+        n: c.cls for n, c in bad.items()
+    }  # only ranks move
+    assert all(
+        len(set(c.ranks)) == c.cls.shards for c in good.values()
+    )  # a CW table's shards stay apart
     assert max(r for c in good.values() for r in c.ranks) > 1  # the idle ranks got work
     assert improve_placement(p, good) == good  # a local optimum: nothing left to move
-    assert all(r["hbm_bytes"] <= topo.usable(topo.hbm_bytes) for r in model.evaluate(p.by_name, good, g).per_rank)
+    assert all(
+        r["hbm_bytes"] <= topo.usable(topo.hbm_bytes)
+        for r in model.evaluate(p.by_name, good, g).per_rank
+    )
 
 
 def test_local_search_swaps_where_no_single_move_helps():
@@ -175,13 +205,20 @@ def test_local_search_swaps_where_no_single_move_helps():
     from sparselift.optimizer.solver import improve_placement
     from sparselift.optimizer.space import TW, OptionClass
 
-    stats = [TableStats(f"p{k}", 20_000, 32, float(k), feature_names=(f"p{k}",)) for k in (5, 3, 4, 2)]
+    stats = [
+        TableStats(f"p{k}", 20_000, 32, float(k), feature_names=(f"p{k}",)) for k in (5, 3, 4, 2)
+    ]
     topo = preset("cpu-gloo", 2)
     model = CostModel(topo, 256, coefficients(topo))
     g = Globals()
     p = Problem(stats, model, g, feasible_classes(model, stats, g))
     tw = OptionClass(TW, "fused")
-    bad = {"p5": Choice(tw, (0,)), "p3": Choice(tw, (0,)), "p4": Choice(tw, (1,)), "p2": Choice(tw, (1,))}
+    bad = {
+        "p5": Choice(tw, (0,)),
+        "p3": Choice(tw, (0,)),
+        "p4": Choice(tw, (1,)),
+        "p2": Choice(tw, (1,)),
+    }
     good = improve_placement(p, bad)
     assert good["p5"].ranks == good["p2"].ranks and good["p4"].ranks == good["p3"].ranks
     assert good["p5"].ranks != good["p4"].ranks
@@ -199,7 +236,9 @@ def test_torchrec_referee_reads_its_estimates_both_ways():
     base = torchrec_plan(stats, topo, 512)
     tw = OptionClass(TW, "fused")
     one_rank = to_plan(stats, {s.name: Choice(tw, (0,)) for s in stats}, topo, Globals())
-    spread = to_plan(stats, {s.name: Choice(tw, (i % 8,)) for i, s in enumerate(stats)}, topo, Globals())
+    spread = to_plan(
+        stats, {s.name: Choice(tw, (i % 8,)) for i, s in enumerate(stats)}, topo, Globals()
+    )
     v_base, v_one, v_spread = torchrec_cost([base, one_rank, spread], stats, topo, 512)
     for v in (v_base, v_spread):  # Σ over parts of the max ≥ the max over ranks of the Σ
         assert v.synchronous_ms >= v.rate_ms * (1 - 1e-9)
@@ -218,9 +257,13 @@ def test_torchrec_table_estimates_add_up_to_its_verdict():
     stats, topo = synthetic_stats(6, seed=2, max_rows=100_000), preset("h100x8", 8)
     est = table_estimates(stats, topo, 512)
     assert sorted(est) == sorted(s.name for s in stats)
-    one_rank = to_plan(stats, {s.name: Choice(OptionClass(TW, "fused"), (0,)) for s in stats}, topo, Globals())
+    one_rank = to_plan(
+        stats, {s.name: Choice(OptionClass(TW, "fused"), (0,)) for s in stats}, topo, Globals()
+    )
     (verdict,) = torchrec_cost([one_rank], stats, topo, 512)
-    assert verdict.rate_ms == pytest.approx(sum(sum(e[k] for k in PERF_PARTS) for e in est.values()), rel=1e-6)
+    assert verdict.rate_ms == pytest.approx(
+        sum(sum(e[k] for k in PERF_PARTS) for e in est.values()), rel=1e-6
+    )
     assert all(e["fwd_comms"] > 0 and e["bwd_compute"] > e["fwd_compute"] > 0 for e in est.values())
 
 
@@ -237,7 +280,9 @@ def test_torchrec_referee_prices_a_plans_comm_precision(monkeypatch):
     est = table_estimates(stats, topo, 512)
     compute = sum(e["fwd_compute"] + e["bwd_compute"] + e["prefetch_compute"] for e in est.values())
     comms = sum(e["fwd_comms"] + e["bwd_comms"] for e in est.values())
-    one_rank = to_plan(stats, {s.name: Choice(OptionClass(TW, "fused"), (0,)) for s in stats}, topo, Globals())
+    one_rank = to_plan(
+        stats, {s.name: Choice(OptionClass(TW, "fused"), (0,)) for s in stats}, topo, Globals()
+    )
     half = dataclasses.replace(one_rank, comm_precision=CommPrecision("fp16", "bf16"))
     full, reduced = torchrec_cost([one_rank, half], stats, topo, 512)
     assert full.rate_ms == pytest.approx(compute + comms)
@@ -251,11 +296,16 @@ def test_torchrec_referee_prices_a_plans_comm_precision(monkeypatch):
 
     given = []
     real = plans.torchrec_plan
-    monkeypatch.setattr(plans, "torchrec_plan", lambda *a, **kw: given.append(a[3]) or real(*a, **kw))
+    monkeypatch.setattr(
+        plans, "torchrec_plan", lambda *a, **kw: given.append(a[3]) or real(*a, **kw)
+    )
     replanned = torchrec_plan(stats, topo, 512, comm_precision=half.comm_precision)
     (sharder,) = given[0]
     codecs = sharder.qcomm_codecs_registry[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name]
-    sizes = [torch.tensor([], dtype=c.quantized_dtype).element_size() for c in (codecs.forward, codecs.backward)]
+    sizes = [
+        torch.tensor([], dtype=c.quantized_dtype).element_size()
+        for c in (codecs.forward, codecs.backward)
+    ]
     assert sizes == [2, 2]  # what TorchRec's estimator sizes the collectives by
     assert replanned.comm_precision == half.comm_precision
     default = torchrec_plan(stats, topo, 512)
@@ -271,17 +321,28 @@ def test_local_search_never_raises_the_step_it_improves():
 
     topo = preset("cpu-gloo", 2)
     k = coefficients(topo)
-    model = CostModel(topo, 1024, k.replace(pipeline_overlap=1.0, input_dist=Linear(k.input_dist.a_s, 50 * k.input_dist.b_s)))
-    stats = [TableStats("a1", 50, 32, 20.0, feature_names=("a1",)), TableStats("a2", 50, 32, 20.0, feature_names=("a2",)),
-             TableStats("b", 200_000, 32, 1.0, feature_names=("b",))]
+    model = CostModel(
+        topo,
+        1024,
+        k.replace(pipeline_overlap=1.0, input_dist=Linear(k.input_dist.a_s, 50 * k.input_dist.b_s)),
+    )
+    stats = [
+        TableStats("a1", 50, 32, 20.0, feature_names=("a1",)),
+        TableStats("a2", 50, 32, 20.0, feature_names=("a2",)),
+        TableStats("b", 200_000, 32, 1.0, feature_names=("b",)),
+    ]
     tw = OptionClass(TW, "fused")
     p = Problem(stats, model, Globals(), feasible_classes(model, stats, Globals()))
     start = {"a1": Choice(tw, (0,)), "a2": Choice(tw, (0,)), "b": Choice(tw, (1,))}
     for pipe in ("base", "sparse-dist"):
         g = Globals(pipeline=pipe)
         before = model.evaluate(p.by_name, start, g).step_time_s
-        assert model.evaluate(p.by_name, improve_placement(p, start, pipe), g).step_time_s <= before * (1 + 1e-12)
-    assert improve_placement(p, start, "sparse-dist") == start  # input_dist is hidden: nothing to gain
+        assert model.evaluate(
+            p.by_name, improve_placement(p, start, pipe), g
+        ).step_time_s <= before * (1 + 1e-12)
+    assert (
+        improve_placement(p, start, "sparse-dist") == start
+    )  # input_dist is hidden: nothing to gain
     assert improve_placement(p, start, "base") != start  # exposed, it is worth evening out
 
 
@@ -304,14 +365,18 @@ def test_local_search_then_lowers_the_busiest_rank_at_the_same_step():
     start = place_greedy(p, {s.name: tw for s in stats})
 
     def step_and_busiest(ch: dict) -> tuple[float, float]:
-        loads = np.array(model.rank_loads(p.by_name, ch, g))[:, :len(PHASES)]
+        loads = np.array(model.rank_loads(p.by_name, ch, g))[:, : len(PHASES)]
         return loads.max(axis=0).sum(), loads.sum(axis=1).max()
 
     out = improve_placement(p, start)
     step, busiest = step_and_busiest(out)
     assert step <= step_and_busiest(start)[0]
     moves = [{n: Choice(tw, (r,))} for n, ch in out.items() for r in range(8) if (r,) != ch.ranks]
-    swaps = [{a: out[b], b: out[a]} for a, b in itertools.combinations(sorted(out), 2) if out[a] != out[b]]
+    swaps = [
+        {a: out[b], b: out[a]}
+        for a, b in itertools.combinations(sorted(out), 2)
+        if out[a] != out[b]
+    ]
     for change in moves + swaps:
         s2, b2 = step_and_busiest({**out, **change})
         assert not (s2 <= step * (1 + 1e-12) and b2 < busiest * (1 - 1e-9)), change

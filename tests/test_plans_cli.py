@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
+from plans_helpers import doc, mixed, round_robin, write
 
 from sparselift import plans
 from sparselift.cli import main
-from plans_helpers import doc, mixed, round_robin, write
 
 
 @pytest.fixture
@@ -23,7 +22,9 @@ def test_show_has_table_and_rank_views(tmp_path, capsys):
     assert main(["plan", "show", str(path)]) == 0
     out = capsys.readouterr().out
     assert "2 ranks (2 per host), cpu" in out and "per table" in out and "per rank" in out
-    assert " ".join("t2 20,000 32 RW fused r0:rows 0-10000, r1:rows 10000-20000".split()) in " ".join(out.split())
+    assert " ".join(
+        "t2 20,000 32 RW fused r0:rows 0-10000, r1:rows 10000-20000".split()
+    ) in " ".join(out.split())
     assert "t0" in out and "whole table on every rank" in out
     assert "predicted step time 12.35 ms" in out
 
@@ -41,33 +42,69 @@ def test_diff(tmp_path, rr, capsys):
 
 def test_round_robin_and_from_torchrec_write_valid_plans(tmp_path, capsys):
     out = tmp_path / "rr.json"
-    assert main(["plan", "round-robin", "--workload", "tiny", "--world-size", "3", "--out", str(out)]) == 0
+    assert (
+        main(["plan", "round-robin", "--workload", "tiny", "--world-size", "3", "--out", str(out)])
+        == 0
+    )
     p = plans.load(out)
     assert [t.ranks for t in p.tables] == [[i % 3] for i in range(8)]
     assert p.module == "model.sparse_arch.embedding_bag_collection" and p.pipeline == "base"
 
     out = tmp_path / "tr.json"
-    assert main(["plan", "from-torchrec", "--workload", "criteo-kaggle", "--max-rows", "100000",
-                 "--world-size", "4", "--local-world-size", "2", "--device", "cuda", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "from-torchrec",
+                "--workload",
+                "criteo-kaggle",
+                "--max-rows",
+                "100000",
+                "--world-size",
+                "4",
+                "--local-world-size",
+                "2",
+                "--device",
+                "cuda",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     p = plans.load(out)
     assert (p.topology.world_size, p.topology.local_world_size, p.topology.device) == (4, 2, "cuda")
     assert len(p.tables) == 26 and p.provenance["workload"] == "criteo-kaggle"
-    assert main(["plan", "validate", str(out), "--workload", "criteo-kaggle", "--max-rows", "100000"]) == 0
+    assert (
+        main(["plan", "validate", str(out), "--workload", "criteo-kaggle", "--max-rows", "100000"])
+        == 0
+    )
     assert "valid plan, 26 tables on 4 ranks, fits criteo-kaggle" in capsys.readouterr().out
 
 
 def _refusals(tmp_path, rr):
     good = doc(round_robin(2))
     cases = {"malformed": ('{"format": "sparselift-plan", "version": 1, ', "malformed JSON")}
-    d = doc(round_robin(2)); d["tables"][0]["compute_kernel"] = "magic"
+    d = doc(round_robin(2))
+    d["tables"][0]["compute_kernel"] = "magic"
     cases["schema"] = (d, "tables[0] ('t0').compute_kernel: 'magic' is not one of")
-    d = doc(round_robin(2)); d["version"] = 9
+    d = doc(round_robin(2))
+    d["version"] = 9
     cases["newer"] = (d, "version 9 is newer")
-    d = doc(round_robin(2)); d["tables"][3]["ranks"] = [2]; d["tables"][3]["shards"][0]["rank"] = 2
-    cases["rank-range"] = (d, "table 't3': rank 2 is out of range for world_size 2; "
-                              "table 't3': shard rank 2 is out of range for world_size 2")
-    d = doc(round_robin(2)); d["tables"][3]["shards"][0]["sizes"] = [99999, 32]
-    cases["not-covering"] = (d, "table 't3': table_wise needs one shard of the whole table (100000 × 32)")
+    d = doc(round_robin(2))
+    d["tables"][3]["ranks"] = [2]
+    d["tables"][3]["shards"][0]["rank"] = 2
+    cases["rank-range"] = (
+        d,
+        "table 't3': rank 2 is out of range for world_size 2; "
+        "table 't3': shard rank 2 is out of range for world_size 2",
+    )
+    d = doc(round_robin(2))
+    d["tables"][3]["shards"][0]["sizes"] = [99999, 32]
+    cases["not-covering"] = (
+        d,
+        "table 't3': table_wise needs one shard of the whole table (100000 × 32)",
+    )
     return good, cases
 
 
@@ -76,7 +113,11 @@ def test_bad_files_are_refused_with_exit_2(tmp_path, rr, capsys, case):
     _, cases = _refusals(tmp_path, rr)
     content, expected = cases[case]
     path = write(tmp_path / f"{case}.json", content)
-    for argv in (["plan", "validate", str(path)], ["plan", "show", str(path)], ["plan", "diff", str(rr), str(path)]):
+    for argv in (
+        ["plan", "validate", str(path)],
+        ["plan", "show", str(path)],
+        ["plan", "diff", str(rr), str(path)],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1, err
@@ -100,12 +141,45 @@ def test_plan_for_another_model_or_world_is_refused(rr, capsys):
 
 def test_nothing_is_written_on_bad_input(tmp_path, capsys):
     out = tmp_path / "p.json"
-    assert main(["plan", "from-torchrec", "--workload", "tiny", "--world-size", "2", "--device", "tpu",
-                 "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "plan",
+                "from-torchrec",
+                "--workload",
+                "tiny",
+                "--world-size",
+                "2",
+                "--device",
+                "tpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert "unknown --device preset 'tpu'" in capsys.readouterr().err
-    assert main(["plan", "round-robin", "--workload", "tiny", "--world-size", "3", "--local-world-size", "2",
-                 "--out", str(out)]) == 2
-    assert main(["plan", "round-robin", "--workload", "nope", "--world-size", "2", "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "plan",
+                "round-robin",
+                "--workload",
+                "tiny",
+                "--world-size",
+                "3",
+                "--local-world-size",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
+    assert (
+        main(["plan", "round-robin", "--workload", "nope", "--world-size", "2", "--out", str(out)])
+        == 2
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -120,8 +194,24 @@ def test_train_and_bench_refuse_bad_plans_before_any_rank_starts(tmp_path, rr, c
     assert main(["train", "--workload", "tiny", "--nproc", "4", "--plan", str(rr)]) == 2
     assert "plan is for world_size 2, this job has 4 ranks" in capsys.readouterr().err
     out = tmp_path / "bench.json"
-    assert main(["bench", "--workload", "tiny", "--nproc", "2", "--plan", str(rr), "--plan", str(bad),
-                 "--json", str(out)]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--workload",
+                "tiny",
+                "--nproc",
+                "2",
+                "--plan",
+                str(rr),
+                "--plan",
+                str(bad),
+                "--json",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert "5 in the plan" in capsys.readouterr().err
     assert not out.exists()
     assert main(["bench", "--workload", "tiny", "--nproc", "2"]) == 2

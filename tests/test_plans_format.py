@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from plans_helpers import big_plan, doc, mixed, round_robin, tiny_tables, write
 
 from sparselift import plans
 from sparselift.plans import PlanError
-from plans_helpers import big_plan, doc, mixed, round_robin, tiny_tables, write
 
 
 def test_round_trip_every_sharding_type(tmp_path):
@@ -38,8 +38,18 @@ def test_save_is_byte_identical_and_canonical(tmp_path):
     assert plans.dumps(q) == (tmp_path / "a.json").read_bytes()
     text = (tmp_path / "a.json").read_text()
     assert text.endswith("}\n") and '"step_time_s": 0.0123456789' in text
-    assert list(json.loads(text)) == ["format", "version", "model", "topology", "tables", "comm_precision",
-                                      "pipeline", "predicted", "solver", "provenance"]
+    assert list(json.loads(text)) == [
+        "format",
+        "version",
+        "model",
+        "topology",
+        "tables",
+        "comm_precision",
+        "pipeline",
+        "predicted",
+        "solver",
+        "provenance",
+    ]
 
 
 def test_save_is_atomic_and_refuses_invalid_plans(tmp_path):
@@ -111,26 +121,28 @@ def test_consistency_problems_are_all_listed():
     d = doc(mixed())
     t = {x["name"]: x for x in d["tables"]}
     t["t1"]["ranks"] = [5]
-    t["t1"]["shards"][0]["rank"] = 5                     # rank out of range
-    t["t2"]["shards"][1]["offsets"] = [10001, 0]         # row gap
+    t["t1"]["shards"][0]["rank"] = 5  # rank out of range
+    t["t2"]["shards"][1]["offsets"] = [10001, 0]  # row gap
     t["t2"]["shards"][1]["sizes"] = [9999, 32]
-    t["t3"]["shards"][1]["sizes"] = [100000, 8]          # columns not covered
-    t["t6"]["shards"][0]["sizes"] = [200, 32]            # table-wise shard not the whole table
-    t["t0"]["compute_kernel"] = "fused"                  # data parallel needs dense
-    t["t7"]["compute_kernel"] = "fused_uvm"              # no UVM on cpu
-    t["t4"]["shards"][0]["sizes"] = [1500, 32]           # overlap
+    t["t3"]["shards"][1]["sizes"] = [100000, 8]  # columns not covered
+    t["t6"]["shards"][0]["sizes"] = [200, 32]  # table-wise shard not the whole table
+    t["t0"]["compute_kernel"] = "fused"  # data parallel needs dense
+    t["t7"]["compute_kernel"] = "fused_uvm"  # no UVM on cpu
+    t["t4"]["shards"][0]["sizes"] = [1500, 32]  # overlap
     with pytest.raises(PlanError) as e:
         plans.Plan.from_dict(d, "x.json")
     msg = str(e.value)
-    for expected in ("table 't1': rank 5 is out of range for world_size 2",
-                     "table 't2': row_wise shards must cover rows 0..20000 in order: shard 1 starts at 10001, "
-                     "leaves rows 10000..10001 uncovered",
-                     "table 't3': column_wise shards cover columns 0..24 but the table has 32 columns",
-                     "table 't6': table_wise needs one shard of the whole table (300 × 32)",
-                     "table 't0': data_parallel needs compute_kernel 'dense'",
-                     "table 't7': compute_kernel 'fused_uvm' is not offered for table_wise on cpu",
-                     "table 't4': table_row_wise shards must cover rows 0..2000 in order: shard 1 starts at 1000, "
-                     "overlaps the previous shard"):
+    for expected in (
+        "table 't1': rank 5 is out of range for world_size 2",
+        "table 't2': row_wise shards must cover rows 0..20000 in order: shard 1 starts at 10001, "
+        "leaves rows 10000..10001 uncovered",
+        "table 't3': column_wise shards cover columns 0..24 but the table has 32 columns",
+        "table 't6': table_wise needs one shard of the whole table (300 × 32)",
+        "table 't0': data_parallel needs compute_kernel 'dense'",
+        "table 't7': compute_kernel 'fused_uvm' is not offered for table_wise on cpu",
+        "table 't4': table_row_wise shards must cover rows 0..2000 in order: shard 1 starts at 1000, "
+        "overlaps the previous shard",
+    ):
         assert expected in msg, msg
 
 
@@ -141,18 +153,22 @@ def test_model_and_tables_must_agree():
     d["topology"]["local_world_size"] = 3
     with pytest.raises(PlanError) as e:
         plans.Plan.from_dict(d)
-    assert e.value.problems == ["topology: local_world_size 3 does not divide world_size 2",
-                                "table 't3' of the model has no entry in tables",
-                                "tables: 'ghost' is not a table of the model"]
+    assert e.value.problems == [
+        "topology: local_world_size 3 does not divide world_size 2",
+        "table 't3' of the model has no entry in tables",
+        "tables: 'ghost' is not a table of the model",
+    ]
 
 
 def test_check_spec_lists_every_mismatch():
     p = round_robin(2)
     tables = tiny_tables()
-    tables = [t for t in tables if t["name"] != "t1"]                      # missing from the model
-    tables.append(dict(name="t9", num_embeddings=10, embedding_dim=32, feature_names=["t9"]))  # extra
-    tables[0]["num_embeddings"] = 999                                        # resized rows
-    tables[1]["embedding_dim"] = 16                                          # resized dim
+    tables = [t for t in tables if t["name"] != "t1"]  # missing from the model
+    tables.append(
+        dict(name="t9", num_embeddings=10, embedding_dim=32, feature_names=["t9"])
+    )  # extra
+    tables[0]["num_embeddings"] = 999  # resized rows
+    tables[1]["embedding_dim"] = 16  # resized dim
     tables[2]["feature_names"] = ["other"]
     with pytest.raises(PlanError) as e:
         p.check_spec(tables, 4)
@@ -207,11 +223,21 @@ print(json.dumps({"bad": bad, "ours": ours, "keys": sorted(sp.plan), "keys2": so
 def test_plans_import_only_stdlib_torch_torchrec_jsonschema(tmp_path):
     path = tmp_path / "p.json"
     plans.save(mixed("fp16"), path)
-    out = subprocess.run([sys.executable, "-c", ISOLATION, str(path)], capture_output=True, text=True,
-                         check=True, timeout=120, cwd=Path(__file__).parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", ISOLATION, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        cwd=Path(__file__).parent.parent,
+    )
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got == {"bad": [], "ours": [], "keys": ["model.sparse_arch.embedding_bag_collection"],
-                   "keys2": ["inner.ebc"]}
+    assert got == {
+        "bad": [],
+        "ours": [],
+        "keys": ["model.sparse_arch.embedding_bag_collection"],
+        "keys2": ["inner.ebc"],
+    }
 
 
 def _leaves(node, path=()):

@@ -17,16 +17,38 @@ STEPS, WARMUP = 3, 2
 @pytest.fixture(scope="module")
 def profile_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "tiny"
-    rc = main(["profile", "--workload", "tiny", "--nproc", "2", "--steps", str(STEPS), "--warmup", str(WARMUP),
-               "--after", "3", "--execution-trace", "--out", str(out)])
+    rc = main(
+        [
+            "profile",
+            "--workload",
+            "tiny",
+            "--nproc",
+            "2",
+            "--steps",
+            str(STEPS),
+            "--warmup",
+            str(WARMUP),
+            "--after",
+            "3",
+            "--execution-trace",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     return out
 
 
 def test_every_file_is_there(profile_dir):
     names = sorted(p.name for p in profile_dir.iterdir())
-    assert names == ["access_stats.parquet", "manifest.json", "rank0.et.json", "rank0.trace.json.gz",
-                     "rank1.et.json", "rank1.trace.json.gz"]
+    assert names == [
+        "access_stats.parquet",
+        "manifest.json",
+        "rank0.et.json",
+        "rank0.trace.json.gz",
+        "rank1.et.json",
+        "rank1.trace.json.gz",
+    ]
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -35,12 +57,22 @@ def test_trace_holds_the_sparse_path(profile_dir, rank):
     names = {e.get("name", "") for e in trace["traceEvents"]}
     steps = sorted(int(n.split("#")[1]) for n in names if n.startswith("ProfilerStep#"))
     assert steps == list(range(WARMUP, WARMUP + STEPS))
-    for pattern in (r"^\[splits_dist\]_\[", r"^## all2all_data:kjt lengths ##$", r"^\[lookup\]_\[",
-                    r"^\[output_dist\]_\[", r"^## All2All_Pooled_fwd ##$", r"^## All2All_Pooled_bwd ##$",
-                    r"^fbgemm::split_embedding_codegen_forward", r"^c10d::alltoall_base_$"):
+    for pattern in (
+        r"^\[splits_dist\]_\[",
+        r"^## all2all_data:kjt lengths ##$",
+        r"^\[lookup\]_\[",
+        r"^\[output_dist\]_\[",
+        r"^## All2All_Pooled_fwd ##$",
+        r"^## All2All_Pooled_bwd ##$",
+        r"^fbgemm::split_embedding_codegen_forward",
+        r"^c10d::alltoall_base_$",
+    ):
         assert any(re.search(pattern, n) for n in names), pattern
-    shaped = [e for e in trace["traceEvents"] if e.get("name", "").startswith("fbgemm::") and
-              e.get("args", {}).get("Input Dims")]
+    shaped = [
+        e
+        for e in trace["traceEvents"]
+        if e.get("name", "").startswith("fbgemm::") and e.get("args", {}).get("Input Dims")
+    ]
     assert shaped, "record_shapes: fbgemm ops carry input shapes"
     et = json.loads((profile_dir / f"rank{rank}.et.json").read_text())
     assert et["nodes"]
@@ -51,28 +83,60 @@ def test_manifest(profile_dir):
     assert (m["format"], m["version"]) == ("sparselift-profile", 1)
     assert set(m["versions"]) >= {"sparselift", "torch", "torchrec", "fbgemm_gpu"}
     assert m["command"][:2] == ["sparselift", "profile"] and m["workload"] == "tiny"
-    assert (m["world_size"], m["local_world_size"], m["device"], m["backend"]) == (2, 2, "cpu", "gloo")
+    assert (m["world_size"], m["local_world_size"], m["device"], m["backend"]) == (
+        2,
+        2,
+        "cpu",
+        "gloo",
+    )
     assert m["batch_size"] == 256 and m["pipeline"] == "TrainPipelineBase"
     assert m["warmup"] == WARMUP and m["profiled_steps"] == [2, 3, 4]
     assert len(m["tables"]) == 8
     t2 = next(t for t in m["tables"] if t["name"] == "t2")
-    assert (t2["num_embeddings"], t2["embedding_dim"], t2["feature_names"], t2["pooling"]) == (20000, 32, ["t2"], "poisson")
-    assert t2["pooling_factor"] == 4 and t2["zipf_alpha"] == 1.2 and isinstance(t2["zipf_alpha_fitted"], float)
+    assert (t2["num_embeddings"], t2["embedding_dim"], t2["feature_names"], t2["pooling"]) == (
+        20000,
+        32,
+        ["t2"],
+        "poisson",
+    )
+    assert (
+        t2["pooling_factor"] == 4
+        and t2["zipf_alpha"] == 1.2
+        and isinstance(t2["zipf_alpha_fitted"], float)
+    )
     assert sorted(s["table"] for s in m["sharding"]) == [f"t{i}" for i in range(8)]
     for s in m["sharding"]:
         assert s["sharding_type"] and s["compute_kernel"] and s["ranks"]
         assert sum(sh["sizes"][0] * sh["sizes"][1] for sh in s["shards"]) == next(
-            t["num_embeddings"] * t["embedding_dim"] for t in m["tables"] if t["name"] == s["table"])
+            t["num_embeddings"] * t["embedding_dim"] for t in m["tables"] if t["name"] == s["table"]
+        )
     assert [len(t) for t in m["step_times_s"]] == [WARMUP + STEPS + 3] * 2
     assert len(m["peak_memory_bytes"]) == 2 and all(b > 0 for b in m["peak_memory_bytes"])
-    assert m["files"]["traces"] == ["rank0.trace.json.gz", "rank1.trace.json.gz"] and m["errors"] == []
+    assert (
+        m["files"]["traces"] == ["rank0.trace.json.gz", "rank1.trace.json.gz"] and m["errors"] == []
+    )
 
 
 def test_access_stats(profile_dir):
     df = pd.read_parquet(profile_dir / "access_stats.parquet")
-    assert list(df.columns) == ["table", "rank", "step", "num_embeddings", "embedding_dim", "batch_size", "ids",
-                                "unique_ids", "pooling_mean", "pooling_p50", "pooling_p99", "pooling_max",
-                                "top1pct_share", "top10pct_share", "id_bytes", "zipf_alpha"]
+    assert list(df.columns) == [
+        "table",
+        "rank",
+        "step",
+        "num_embeddings",
+        "embedding_dim",
+        "batch_size",
+        "ids",
+        "unique_ids",
+        "pooling_mean",
+        "pooling_p50",
+        "pooling_p99",
+        "pooling_max",
+        "top1pct_share",
+        "top10pct_share",
+        "id_bytes",
+        "zipf_alpha",
+    ]
     assert len(df) == 8 * 2 * STEPS
     assert set(df["rank"]) == {0, 1} and set(df["step"]) == {2, 3, 4}
     assert (df["unique_ids"] <= df["ids"]).all() and (df["id_bytes"] == 8 * df["ids"]).all()
@@ -97,8 +161,28 @@ def test_force_replaces_a_profile(tmp_path):
     out = tmp_path / "p"
     out.mkdir()
     (out / "rank7.trace.json.gz").write_bytes(b"stale")
-    rc = main(["profile", "--workload", "tiny", "--nproc", "2", "--steps", "1", "--warmup", "1", "--after", "0",
-               "--force", "--out", str(out)])
+    rc = main(
+        [
+            "profile",
+            "--workload",
+            "tiny",
+            "--nproc",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--after",
+            "0",
+            "--force",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
-    assert sorted(p.name for p in out.iterdir()) == ["access_stats.parquet", "manifest.json",
-                                                     "rank0.trace.json.gz", "rank1.trace.json.gz"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "access_stats.parquet",
+        "manifest.json",
+        "rank0.trace.json.gz",
+        "rank1.trace.json.gz",
+    ]

@@ -67,10 +67,25 @@ def run_user_trainer(tmp_path: Path, out_dir: Path, world: int = 2) -> list[dict
     port = _free_port()
     procs = []
     for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="localhost", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(script), str(out_dir), str(tmp_path / "result")],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(r),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="localhost",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), str(out_dir), str(tmp_path / "result")],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     for p in procs:
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out[-3000:]
@@ -84,8 +99,13 @@ def test_user_loop_on_two_ranks(tmp_path):
         assert res["steps_done"] == 6 and res["errors"] == [] and res["warnings"] == []
         assert res["profiled"] == [2, 3]
         assert res["files"] == [f"rank{r}.trace.json.gz"]
-        assert res["after"] == {"wrapped": False, "profiling": False}  # out of the way after the window
-        assert "ShardedEmbeddingBagCollection" in res["no_sharded"] and "Linear" in res["no_sharded"]
+        assert res["after"] == {
+            "wrapped": False,
+            "profiling": False,
+        }  # out of the way after the window
+        assert (
+            "ShardedEmbeddingBagCollection" in res["no_sharded"] and "Linear" in res["no_sharded"]
+        )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format"] == "sparselift-profile" and manifest["version"] == 1
     assert manifest["world_size"] == 2 and manifest["profiled_steps"] == [2, 3]

@@ -21,19 +21,32 @@ BATCHES = 3
 def workload():
     """tiny plus a two-feature table, with a batch large enough for ≥ 10 k lookups per table."""
     spec = load_workload("tiny")
-    extra = TableSpec(name="shared", num_embeddings=30000, embedding_dim=32, pooling_factor=3, pooling="poisson",
-                      zipf_alpha=0.8, feature_names=("f_a", "f_b"))
+    extra = TableSpec(
+        name="shared",
+        num_embeddings=30000,
+        embedding_dim=32,
+        pooling_factor=3,
+        pooling="poisson",
+        zipf_alpha=0.8,
+        feature_names=("f_a", "f_b"),
+    )
     spec = dataclasses.replace(spec, tables=spec.tables + (extra,), batch_size=4096)
     gen = SyntheticBatches(spec, rank=0, seed=1)
     kjts = [gen.next_batch().sparse_features for _ in range(BATCHES)]
-    metas = [TableMeta(t.name, t.num_embeddings, t.embedding_dim, t.features, "SUM", "ebc") for t in spec.tables]
+    metas = [
+        TableMeta(t.name, t.num_embeddings, t.embedding_dim, t.features, "SUM", "ebc")
+        for t in spec.tables
+    ]
     steps = [table_step(m, 0, i, kjt) for i, kjt in enumerate(kjts) for m in metas]
     return spec, metas, kjts, steps
 
 
 def _truth(kjt, features):
     d = kjt.to_dict()
-    return (torch.cat([d[f].values() for f in features]), torch.cat([d[f].lengths() for f in features]))
+    return (
+        torch.cat([d[f].values() for f in features]),
+        torch.cat([d[f].lengths() for f in features]),
+    )
 
 
 def test_pooling_means_within_5pct_of_spec(workload):
@@ -64,13 +77,26 @@ def test_zipf_fit_within_015_of_spec(workload):
     for t in spec.tables:
         lookups = sum(s.ids for s in steps if s.table == t.name)
         if lookups >= 10_000:
-            assert abs(alphas[t.name] - t.zipf_alpha) <= 0.15, (t.name, alphas[t.name], t.zipf_alpha)
+            assert abs(alphas[t.name] - t.zipf_alpha) <= 0.15, (
+                t.name,
+                alphas[t.name],
+                t.zipf_alpha,
+            )
             checked += 1
     assert checked == len(spec.tables)
 
 
-@pytest.mark.parametrize("rows,alpha,n", [(1000, 0.0, 10_000), (100_000, 0.5, 20_000), (2000, 0.9, 10_000),
-                                          (50_000, 1.3, 10_000), (1_000_000, 0.8, 20_000), (1000, 2.0, 10_000)])
+@pytest.mark.parametrize(
+    "rows,alpha,n",
+    [
+        (1000, 0.0, 10_000),
+        (100_000, 0.5, 20_000),
+        (2000, 0.9, 10_000),
+        (50_000, 1.3, 10_000),
+        (1_000_000, 0.8, 20_000),
+        (1000, 2.0, 10_000),
+    ],
+)
 def test_zipf_fit_across_skews(rows, alpha, n):
     g = torch.Generator().manual_seed(rows + int(alpha * 10))
     ids = scatter_ids(zipf_ranks(n, rows, alpha, g), rows, 7)
@@ -96,14 +122,17 @@ def test_top_shares_against_recount(workload):
             for r in (r for r in rows if r["table"] == t.name):
                 ids = _truth(kjts[r["step"]], t.features)[0].tolist()
                 assert r[col] == pytest.approx(sum(i in hot for i in ids) / len(ids)), (t.name, col)
-    skewed = next(r for r in rows if r["table"] == "t5")  # alpha 1.3: the top 1 % holds most lookups
+    skewed = next(
+        r for r in rows if r["table"] == "t5"
+    )  # alpha 1.3: the top 1 % holds most lookups
     uniform = next(r for r in rows if r["table"] == "t0" and r["step"] == 0)  # alpha 0
     assert skewed["top1pct_share"] > 0.5 > 0.1 > uniform["top1pct_share"]
 
 
 def test_merge_histograms_sums_counts():
-    uniq, counts = merge_histograms([(torch.tensor([1, 5]), torch.tensor([2, 1])),
-                                     (torch.tensor([5, 9]), torch.tensor([3, 4]))])
+    uniq, counts = merge_histograms(
+        [(torch.tensor([1, 5]), torch.tensor([2, 1])), (torch.tensor([5, 9]), torch.tensor([3, 4]))]
+    )
     assert uniq.tolist() == [1, 5, 9] and counts.tolist() == [2, 4, 4]
 
 

@@ -9,19 +9,32 @@ import time
 
 import numpy as np
 import pytest
+from test_workloads_models_data import write_criteo_day
 
 from sparselift.workloads import load_workload
 from sparselift.workloads.batches import SyntheticBatches
 from sparselift.workloads.harness import TrainConfig, batches_for_rank, made_ahead, run_training
 from sparselift.workloads.launch import RankFailed
-from test_workloads_models_data import write_criteo_day
 
 
 @pytest.mark.parametrize("pipeline", ["base", "sparse-dist"])
 def test_train_cli_writes_json(cli, tmp_path, pipeline):
     out = tmp_path / "out.json"
-    code, stdout, err = cli("train", "--workload", "tiny", "--nproc", "2", "--steps", "4", "--warmup", "2",
-                            "--pipeline", pipeline, "--json", out)
+    code, stdout, err = cli(
+        "train",
+        "--workload",
+        "tiny",
+        "--nproc",
+        "2",
+        "--steps",
+        "4",
+        "--warmup",
+        "2",
+        "--pipeline",
+        pipeline,
+        "--json",
+        out,
+    )
     assert code == 0, err
     r = json.loads(out.read_text())
     assert r["world_size"] == 2 and r["pipeline"] == pipeline and r["backend"] == "gloo"
@@ -32,18 +45,26 @@ def test_train_cli_writes_json(cli, tmp_path, pipeline):
 
 
 def test_default_plan_is_torchrecs_planner():
-    r = run_training(TrainConfig(workload="tiny", nproc=2, steps=1, warmup=0, hook="rank_hooks:ShardingTypes"))
+    r = run_training(
+        TrainConfig(workload="tiny", nproc=2, steps=1, warmup=0, hook="rank_hooks:ShardingTypes")
+    )
     tables = r.ranks[0].extra["tables"]
     assert set(tables) == {f"t{i}" for i in range(8)}
-    assert {t["sharding_type"] for t in tables.values()} <= {"data_parallel", "table_wise", "column_wise",
-                                                            "table_column_wise"}
+    assert {t["sharding_type"] for t in tables.values()} <= {
+        "data_parallel",
+        "table_wise",
+        "column_wise",
+        "table_column_wise",
+    }
     assert r.ranks[0].extra == r.ranks[1].extra  # one collective plan for all ranks
 
 
 def test_a_crashing_rank_stops_the_job_with_its_error(cli):
     t0 = time.monotonic()
     with pytest.raises(RankFailed, match="rank 1 failed: RuntimeError: injected failure on rank 1"):
-        run_training(TrainConfig(workload="tiny", nproc=2, steps=50, warmup=0, hook="rank_hooks:CrashOnRank"))
+        run_training(
+            TrainConfig(workload="tiny", nproc=2, steps=50, warmup=0, hook="rank_hooks:CrashOnRank")
+        )
     assert time.monotonic() - t0 < 60
 
 
@@ -84,8 +105,15 @@ def test_batches_are_made_before_the_steps_and_the_stream_is_unchanged():
 
 def test_train_on_criteo_day_files(tmp_path):
     write_criteo_day(tmp_path, 0, 512)
-    cfg = TrainConfig(workload="criteo-kaggle", nproc=2, steps=3, warmup=1, max_rows=1000, batch_size=64,
-                      data=str(tmp_path))
+    cfg = TrainConfig(
+        workload="criteo-kaggle",
+        nproc=2,
+        steps=3,
+        warmup=1,
+        max_rows=1000,
+        batch_size=64,
+        data=str(tmp_path),
+    )
     r = run_training(cfg)
     assert r.world_size == 2 and all(len(x.step_times_s) == 4 for x in r.ranks)
     # what each rank trains on: its share of the day's rows, ids inside every (capped) table
@@ -93,6 +121,6 @@ def test_train_on_criteo_day_files(tmp_path):
     raw = np.load(tmp_path / "day_0_dense.npy")
     for rank in (0, 1):
         b = next(batches_for_rank(cfg, spec, rank, 2))
-        np.testing.assert_array_equal(b.dense_features.numpy(), raw[64 * rank:64 * (rank + 1)])
+        np.testing.assert_array_equal(b.dense_features.numpy(), raw[64 * rank : 64 * (rank + 1)])
         for t in spec.capped(1000).tables:
             assert int(b.sparse_features[t.name].values().max()) < t.num_embeddings

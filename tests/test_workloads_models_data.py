@@ -20,9 +20,12 @@ def test_every_arch_learns_a_step(arch):
     spec = load_workload("tiny")
     tables = spec.tables
     if arch == "concat-mlp":  # mixed dims are what concat-mlp is for
-        tables = tuple(dataclasses.replace(t, embedding_dim=8 * (1 + i % 3)) for i, t in enumerate(tables))
-    spec = dataclasses.replace(spec, tables=tables,
-                               model=dataclasses.replace(spec.model, arch=arch, dcn_low_rank_dim=8))
+        tables = tuple(
+            dataclasses.replace(t, embedding_dim=8 * (1 + i % 3)) for i, t in enumerate(tables)
+        )
+    spec = dataclasses.replace(
+        spec, tables=tables, model=dataclasses.replace(spec.model, arch=arch, dcn_low_rank_dim=8)
+    )
     torch.manual_seed(0)
     model = build_model(spec, embedding_device=torch.device("cpu"))
     batch = SyntheticBatches(spec, seed=0, batch_size=32).next_batch()
@@ -41,7 +44,10 @@ def write_criteo_day(root, day: int, n: int, seed: int = 0) -> None:
     """One day in TorchRec's preprocessed format (what BinaryCriteoUtils writes)."""
     rng = np.random.default_rng(seed)
     np.save(root / f"day_{day}_dense.npy", rng.random((n, 13), dtype=np.float32))
-    np.save(root / f"day_{day}_sparse.npy", rng.integers(0, 2**31 - 1, (n, 26), dtype=np.int64).astype(np.int32))
+    np.save(
+        root / f"day_{day}_sparse.npy",
+        rng.integers(0, 2**31 - 1, (n, 26), dtype=np.int64).astype(np.int32),
+    )
     np.save(root / f"day_{day}_labels.npy", rng.integers(0, 2, (n, 1)).astype(np.int32))
 
 
@@ -49,16 +55,22 @@ def test_criteo_day_files_are_read_and_hashed(tmp_path):
     write_criteo_day(tmp_path, 0, 300)
     write_criteo_day(tmp_path, 1, 300, seed=1)
     tables = load_workload("criteo-kaggle").capped(1000).tables
-    it = criteo_batches(tmp_path, batch_size=64, rank=1, world_size=2, table_rows=[t.num_embeddings for t in tables])
+    it = criteo_batches(
+        tmp_path, batch_size=64, rank=1, world_size=2, table_rows=[t.num_embeddings for t in tables]
+    )
     seen = [next(it) for _ in range(12)]  # more than one pass: the stream is endless
     b = seen[0]
     assert b.dense_features.shape == (64, 13) and b.labels.shape == (64,)
     assert b.sparse_features.keys() == [f"cat_{i}" for i in range(26)]
     for t in tables:  # every feature's ids fit its own table, small ones (cat_5: 24 rows) too
         assert int(b.sparse_features[t.name].values().max()) < t.num_embeddings, t.name
-    assert torch.equal(b.sparse_features.lengths(), torch.ones(64 * 26, dtype=b.sparse_features.lengths().dtype))
+    assert torch.equal(
+        b.sparse_features.lengths(), torch.ones(64 * 26, dtype=b.sparse_features.lengths().dtype)
+    )
     raw = np.load(tmp_path / "day_0_dense.npy")
-    np.testing.assert_array_equal(b.dense_features.numpy(), raw[64:128])  # rank 1 reads its own share
+    np.testing.assert_array_equal(
+        b.dense_features.numpy(), raw[64:128]
+    )  # rank 1 reads its own share
 
 
 def test_criteo_bad_directories(tmp_path):

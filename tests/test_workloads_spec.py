@@ -37,17 +37,32 @@ def _tiny_dict():
     return load_workload("tiny").to_dict()
 
 
-@pytest.mark.parametrize("mutate, needle", [
-    (lambda d: d["tables"][3].update(num_embeddings=0), "table 't3': num_embeddings must be positive"),
-    (lambda d: d["tables"][1].update(embedding_dim=-4), "table 't1': embedding_dim must be positive"),
-    (lambda d: d["tables"][0].update(embedding_dim=16), "tables t0 differ"),
-    (lambda d: d["tables"][0].update(pooling="gauss"), "pooling 'gauss' is not one of"),
-    (lambda d: d["tables"].clear(), "no tables"),
-    (lambda d: d["tables"].append(copy.deepcopy(d["tables"][0])), "table name 't0' appears twice"),
-    (lambda d: d.pop("batch_size"), "missing key 'batch_size'"),
-    (lambda d: d["model"].update(arch="transformer"), "model.arch 'transformer'"),
-    (lambda d: d["tables"][0].update(num_embeddings="many"), "'num_embeddings' must be an integer"),
-])
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (
+            lambda d: d["tables"][3].update(num_embeddings=0),
+            "table 't3': num_embeddings must be positive",
+        ),
+        (
+            lambda d: d["tables"][1].update(embedding_dim=-4),
+            "table 't1': embedding_dim must be positive",
+        ),
+        (lambda d: d["tables"][0].update(embedding_dim=16), "tables t0 differ"),
+        (lambda d: d["tables"][0].update(pooling="gauss"), "pooling 'gauss' is not one of"),
+        (lambda d: d["tables"].clear(), "no tables"),
+        (
+            lambda d: d["tables"].append(copy.deepcopy(d["tables"][0])),
+            "table name 't0' appears twice",
+        ),
+        (lambda d: d.pop("batch_size"), "missing key 'batch_size'"),
+        (lambda d: d["model"].update(arch="transformer"), "model.arch 'transformer'"),
+        (
+            lambda d: d["tables"][0].update(num_embeddings="many"),
+            "'num_embeddings' must be an integer",
+        ),
+    ],
+)
 def test_bad_specs_are_refused_with_the_table_named(mutate, needle):
     d = _tiny_dict()
     mutate(d)
@@ -63,10 +78,13 @@ def test_concat_mlp_allows_mixed_dims():
     assert parse_workload(d, "x").tables[0].embedding_dim == 16
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--workload", "no-such-workload"], "unknown workload 'no-such-workload'"),
-    (["--workload", "tiny", "--nproc", "0"], "--nproc must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--workload", "no-such-workload"], "unknown workload 'no-such-workload'"),
+        (["--workload", "tiny", "--nproc", "0"], "--nproc must be at least 1"),
+    ],
+)
 def test_cli_bad_input_exit_2(cli, args, needle):
     code, _, err = cli("train", *args)
     assert code == 2 and needle in err and "Traceback" not in err
@@ -79,7 +97,9 @@ def test_cli_malformed_json_and_bad_dims(cli, write_json):
     d = _tiny_dict()
     d["tables"][5]["embedding_dim"] = 8
     code, _, err = cli("train", "--workload", write_json(d, "dims.json"))
-    assert code == 2 and "dims.json" in err and "t5" in err and "dense_arch's last layer (32)" in err
+    assert (
+        code == 2 and "dims.json" in err and "t5" in err and "dense_arch's last layer (32)" in err
+    )
 
 
 def test_cli_lists_workloads(cli):

@@ -26,8 +26,14 @@ from sparselift.errors import UserError
 
 FORMAT = "sparselift-calibration"
 VERSION = 1
-UNITS = {"lookup_fwd": "work", "lookup_bwd": "work", "input_dist": "bytes", "output_dist_fwd": "bytes",
-         "output_dist_bwd": "bytes", "dp_allreduce": "bytes"}
+UNITS = {
+    "lookup_fwd": "work",
+    "lookup_bwd": "work",
+    "input_dist": "bytes",
+    "output_dist_fwd": "bytes",
+    "output_dist_bwd": "bytes",
+    "dp_allreduce": "bytes",
+}
 DIST = ("input_dist", "output_dist_fwd", "output_dist_bwd")
 
 
@@ -38,9 +44,13 @@ class OpFit:
     b_s: float  # seconds per unit of x
     r2: float
     n: int  # calls fitted on
-    overlap: float = 0.0  # share of the collectives' transfer hidden behind other work (informative)
+    overlap: float = (
+        0.0  # share of the collectives' transfer hidden behind other work (informative)
+    )
     calls: float = 1.0  # calls per rank and step in the profile (sharding-type groups)
-    sync_s: float = 0.0  # distributions: the step's expected wait per call for ranks arriving at random
+    sync_s: float = (
+        0.0  # distributions: the step's expected wait per call for ranks arriving at random
+    )
 
     def cost(self, x: float, calls: float = 1.0) -> float:
         """Exposed duration of `calls` calls that handle x in all (the fit is on exposed time)."""
@@ -58,9 +68,17 @@ class Calibration:
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "provenance": self.provenance, "device": self.device,
-                "backend": self.backend, "world_size": self.world_size, "batch_size": self.batch_size,
-                "ops": {k: dataclasses.asdict(v) for k, v in self.ops.items()}, "dense_step_s": self.dense_step_s}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "provenance": self.provenance,
+            "device": self.device,
+            "backend": self.backend,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "ops": {k: dataclasses.asdict(v) for k, v in self.ops.items()},
+            "dense_step_s": self.dense_step_s,
+        }
 
 
 def _sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
@@ -69,44 +87,72 @@ def _sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
     (reduce, then gather), an all-gather sends its input to every peer — as the cost model counts."""
     w = max(world_size, 1)
     op = coll["coll_op"].fillna("")
-    factor = np.where(op.str.contains("gather"), w - 1,
-                      np.where(op.str.contains("all_reduce"), 2 * (w - 1) / w, (w - 1) / w))
+    factor = np.where(
+        op.str.contains("gather"),
+        w - 1,
+        np.where(op.str.contains("all_reduce"), 2 * (w - 1) / w, (w - 1) / w),
+    )
     return coll["bytes"].astype(float) * factor
 
 
-def lookup_work(nodes: pd.DataFrame, access: pd.DataFrame | None, plan_tables: pd.DataFrame,
-                device: str, world_size: int) -> pd.Series:
+def lookup_work(
+    nodes: pd.DataFrame,
+    access: pd.DataFrame | None,
+    plan_tables: pd.DataFrame,
+    device: str,
+    world_size: int,
+) -> pd.Series:
     """Work units (`sparselift.kernels.lookup_work`) of each lookup node: its ids from the trace, and
     the distinct rows its tables' shards touch, expected from the profiled ids per table and their
     fitted Zipf skew (the trace does not say how many ids were distinct), and the pooled outputs its
     shards write (every rank's batch, but a data-parallel table's own)."""
-    from sparselift.kernels import expected_unique, lookup_work as work
+    from sparselift.kernels import expected_unique
+    from sparselift.kernels import lookup_work as work
 
     look = nodes[nodes["kind"].isin(("lookup_fwd", "lookup_bwd"))]
     if access is None or access.empty:
-        return pd.Series([work(k, device, i, 0.0, x / max(i, 1)) for k, i, x in
-                          zip(look["kind"], look["ids"].fillna(0), look["x"].fillna(0))], index=look.index)
+        return pd.Series(
+            [
+                work(k, device, i, 0.0, x / max(i, 1))
+                for k, i, x in zip(look["kind"], look["ids"].fillna(0), look["x"].fillna(0))
+            ],
+            index=look.index,
+        )
     per = access.groupby(["table", "rank"])["ids"].mean()
     total = per.groupby("table").sum()
-    meta = access.groupby("table")[["num_embeddings", "embedding_dim", "zipf_alpha", "batch_size"]].first()
-    shard = plan_tables.groupby(["table", "rank"]).agg(sharding_type=("sharding_type", "first"), rows=("rows", "sum"),
-                                                       cols=("cols", "sum"))
+    meta = access.groupby("table")[
+        ["num_embeddings", "embedding_dim", "zipf_alpha", "batch_size"]
+    ].first()
+    shard = plan_tables.groupby(["table", "rank"]).agg(
+        sharding_type=("sharding_type", "first"), rows=("rows", "sum"), cols=("cols", "sum")
+    )
     out = []
-    for idx, kind, rank, ids, x, tables in zip(look.index, look["kind"], look["rank"], look["ids"].fillna(0),
-                                               look["x"].fillna(0), look["tables"].fillna("")):
+    for idx, kind, rank, ids, x, tables in zip(
+        look.index,
+        look["kind"],
+        look["rank"],
+        look["ids"].fillna(0),
+        look["x"].fillna(0),
+        look["tables"].fillna(""),
+    ):
         unique = bag_elems = 0.0
         for t in filter(None, str(tables).split(",")):
             if t not in meta.index:
                 continue
             n, alpha = int(meta.at[t, "num_embeddings"]), float(meta.at[t, "zipf_alpha"] or 0.0)
-            st, rows, cols = (shard.loc[(t, rank)] if (t, rank) in shard.index
-                              else ("table_wise", n, meta.at[t, "embedding_dim"]))
+            st, rows, cols = (
+                shard.loc[(t, rank)]
+                if (t, rank) in shard.index
+                else ("table_wise", n, meta.at[t, "embedding_dim"])
+            )
             bags = float(meta.at[t, "batch_size"]) * (1 if st == "data_parallel" else world_size)
             bag_elems += bags * float(cols)
             if st == "data_parallel":
                 unique += expected_unique(n, alpha, float(per.get((t, rank), 0.0)))
             else:
-                unique += expected_unique(n, alpha, float(total.get(t, 0.0))) * min(1.0, float(rows) / n)
+                unique += expected_unique(n, alpha, float(total.get(t, 0.0))) * min(
+                    1.0, float(rows) / n
+                )
         out.append(work(kind, device, float(ids), unique, x / max(ids, 1), bag_elems))
     return pd.Series(out, index=look.index, dtype=float)
 
@@ -136,10 +182,22 @@ def call_samples(nodes: pd.DataFrame, world_size: int) -> pd.DataFrame:
             c = s[s["part"] == "collective"]
             y = m["dur_s"].sum() + (shared / len(groups) if sh != "*" else 0.0)
             x = m["x"].sum() if kind.startswith("lookup") else c["sent"].sum()
-            rows.append(dict(rank=rank, step=step, kind=kind, group=sh, x=float(x), y=float(y),
-                             wait=float(m[m["part"] == "wait"]["dur_s"].sum()),
-                             transfer=float(c["transfer_s"].fillna(c["dur_s"]).sum()), calls=len(groups)))
-    return pd.DataFrame(rows, columns=["rank", "step", "kind", "group", "x", "y", "wait", "transfer", "calls"])
+            rows.append(
+                dict(
+                    rank=rank,
+                    step=step,
+                    kind=kind,
+                    group=sh,
+                    x=float(x),
+                    y=float(y),
+                    wait=float(m[m["part"] == "wait"]["dur_s"].sum()),
+                    transfer=float(c["transfer_s"].fillna(c["dur_s"]).sum()),
+                    calls=len(groups),
+                )
+            )
+    return pd.DataFrame(
+        rows, columns=["rank", "step", "kind", "group", "x", "y", "wait", "transfer", "calls"]
+    )
 
 
 def _with_plan_bytes(calls: pd.DataFrame, sent: pd.DataFrame) -> pd.DataFrame:
@@ -188,15 +246,28 @@ def fit_ops(calls: pd.DataFrame, fixed: dict[str, float] | None = None) -> dict[
         else:
             by = s.groupby(["step", "group"])
             least = s.loc[by["wait"].idxmin()]
-            a, b = _fit_calls(by["x"].transform("max").loc[least.index].values, least["y"].values, prior)
+            a, b = _fit_calls(
+                by["x"].transform("max").loc[least.index].values, least["y"].values, prior
+            )
         pred = a + b * s["x"]
         ss = float(((s["y"] - s["y"].mean()) ** 2).sum())
         r2 = float(1 - ((s["y"] - pred) ** 2).sum() / ss) if ss > 0 else 1.0
         tr = s["transfer"].sum()
-        overlap = 0.0 if kind.startswith("lookup") or tr <= 0 else float(np.clip(1 - s["wait"].sum() / tr, 0, 1))
-        ops[kind] = OpFit(x=UNITS.get(kind, "x"), a_s=a, b_s=float(b), r2=r2, n=int(len(s)), overlap=overlap,
-                          calls=float(s.groupby(["rank", "step"])["calls"].first().mean()),
-                          sync_s=0.0 if kind.startswith("lookup") else sync_wait(s))
+        overlap = (
+            0.0
+            if kind.startswith("lookup") or tr <= 0
+            else float(np.clip(1 - s["wait"].sum() / tr, 0, 1))
+        )
+        ops[kind] = OpFit(
+            x=UNITS.get(kind, "x"),
+            a_s=a,
+            b_s=float(b),
+            r2=r2,
+            n=int(len(s)),
+            overlap=overlap,
+            calls=float(s.groupby(["rank", "step"])["calls"].first().mean()),
+            sync_s=0.0 if kind.startswith("lookup") else sync_wait(s),
+        )
     return ops
 
 
@@ -221,7 +292,9 @@ def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
     call's. A call of this size is a few gloo round trips, and a peer thread scheduled late makes one
     call several times slower; a mean over the few profiled calls would let one such call price every
     data-parallel table."""
-    dp = nodes[(nodes["kind"] == "dp_allreduce") & (nodes["part"] == "collective") & (nodes["bytes"] > 0)]
+    dp = nodes[
+        (nodes["kind"] == "dp_allreduce") & (nodes["part"] == "collective") & (nodes["bytes"] > 0)
+    ]
     if dp.empty:
         return None
     b = float((dp["transfer_s"].fillna(dp["dur_s"]) / dp["bytes"]).median())
@@ -231,21 +304,34 @@ def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
 def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit]) -> pd.Series:
     """Modelled sparse-path time per step as the optimizer's cost model composes it: per kind, the
     per-call costs of the groups present plus the slowest rank's per-unit work."""
-    per = calls.groupby(["step", "kind", "rank"]).agg(x=("x", "sum"), n=("group", "count")).reset_index()
+    per = (
+        calls.groupby(["step", "kind", "rank"])
+        .agg(x=("x", "sum"), n=("group", "count"))
+        .reset_index()
+    )
     per["cost"] = [ops[k].cost(x, n) for k, x, n in zip(per["kind"], per["x"], per["n"])]
     return per.groupby(["step", "kind"])["cost"].max().groupby("step").sum()
 
 
-def calibrate(nodes: pd.DataFrame, steps: pd.DataFrame, manifest: dict[str, Any], profile: str,
-              access: pd.DataFrame | None = None, plan_tables: pd.DataFrame | None = None) -> Calibration:
+def calibrate(
+    nodes: pd.DataFrame,
+    steps: pd.DataFrame,
+    manifest: dict[str, Any],
+    profile: str,
+    access: pd.DataFrame | None = None,
+    plan_tables: pd.DataFrame | None = None,
+) -> Calibration:
     """Fit every op kind present; dense_step_s closes the measured step time."""
     world = int(manifest["world_size"])
     device = manifest.get("device") or "cpu"
     nodes = nodes.copy()
     look = nodes["kind"].isin(("lookup_fwd", "lookup_bwd"))
     if look.any():
-        tables = plan_tables if plan_tables is not None else pd.DataFrame(
-            columns=["table", "module", "sharding_type", "rank", "rows", "cols"])
+        tables = (
+            plan_tables
+            if plan_tables is not None
+            else pd.DataFrame(columns=["table", "module", "sharding_type", "rank", "rows", "cols"])
+        )
         nodes.loc[look, "x"] = lookup_work(nodes[look], access, tables, device, world)
     by_step = steps.groupby("step")["dur_s"].max().to_frame("step_s")
     # fit on the quieter half of the steps: on a shared host, other processes only ever add time
@@ -254,7 +340,12 @@ def calibrate(nodes: pd.DataFrame, steps: pd.DataFrame, manifest: dict[str, Any]
     calls = call_samples(nodes, world)
     if calls.empty:
         raise UserError(f"{profile}: no sparse-path samples to calibrate on")
-    if access is not None and not access.empty and plan_tables is not None and not plan_tables.empty:
+    if (
+        access is not None
+        and not access.empty
+        and plan_tables is not None
+        and not plan_tables.empty
+    ):
         calls = _with_plan_bytes(calls, dist_bytes(access, plan_tables, manifest))
     from sparselift.kernels import CPU_CALL_S
 
@@ -267,12 +358,34 @@ def calibrate(nodes: pd.DataFrame, steps: pd.DataFrame, manifest: dict[str, Any]
     # the least-disturbed step: on a shared host, other processes only ever add time
     best = by_step["step_s"].idxmin()
     dense = float(by_step.at[best, "step_s"] - by_step.at[best, "sparse"])
-    prov = {"profile": str(profile), "created_unix": time.time(),
-            "manifest": {k: manifest.get(k) for k in ("versions", "workload", "world_size", "local_world_size",
-                                                        "device", "gpu", "backend", "batch_size", "pipeline",
-                                                        "profiled_steps")},
-            "samples": int(len(calls)), "step_time_s_median": float(by_step["step_s"].median()),
-            "step_time_s_min": float(by_step["step_s"].min())}
-    return Calibration(device=device, backend=manifest.get("backend"),
-                       world_size=world, batch_size=manifest.get("batch_size"), ops=ops,
-                       dense_step_s=max(dense, 0.0), provenance=prov)
+    prov = {
+        "profile": str(profile),
+        "created_unix": time.time(),
+        "manifest": {
+            k: manifest.get(k)
+            for k in (
+                "versions",
+                "workload",
+                "world_size",
+                "local_world_size",
+                "device",
+                "gpu",
+                "backend",
+                "batch_size",
+                "pipeline",
+                "profiled_steps",
+            )
+        },
+        "samples": int(len(calls)),
+        "step_time_s_median": float(by_step["step_s"].median()),
+        "step_time_s_min": float(by_step["step_s"].min()),
+    }
+    return Calibration(
+        device=device,
+        backend=manifest.get("backend"),
+        world_size=world,
+        batch_size=manifest.get("batch_size"),
+        ops=ops,
+        dense_step_s=max(dense, 0.0),
+        provenance=prov,
+    )

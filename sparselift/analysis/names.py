@@ -11,7 +11,9 @@ import re
 SPARSE_STAGES = ("input_dist", "lookup", "output_dist")  # the sparse path's stages, in order
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # `[lookup]_[model.sparse_arch.ebc]_[table_wise]`, `[output_dist]_[...]_[...]`, `[splits_dist]_...`
-TAGGED = re.compile(r"^\[(?P<stage>[a-z_]+)\]_\[(?P<module>[^\]]*)\](?:_\[(?P<sharding>[a-z_]+)\])?")
+TAGGED = re.compile(
+    r"^\[(?P<stage>[a-z_]+)\]_\[(?P<module>[^\]]*)\](?:_\[(?P<sharding>[a-z_]+)\])?"
+)
 
 # stage of an event by its own name; the outermost match on the call stack wins
 _STAGE_RULES: list[tuple[str, re.Pattern]] = [
@@ -19,20 +21,50 @@ _STAGE_RULES: list[tuple[str, re.Pattern]] = [
     ("lookup", re.compile(r"^\[lookup\]", re.I)),
     ("output_dist", re.compile(r"^\[(output_dist)\]", re.I)),
     # `[output_dist_wait]` appears both under input-dist awaitables and after lookups: weak, by context
-    ("output_dist", re.compile(r"^\[output_dist_wait\]|EmbeddingBagCollectionAwaitable|PooledEmbeddingsAwaitable"
-                               r"|EmbeddingCollectionAwaitable", re.I)),
-    ("input_dist", re.compile(r"KJTList\w*Awaitable|KJTAllToAll|SplitsAllToAll|all2all_data:|dist_init:recat"
-                              r"|KJTOneToAll|bucketize", re.I)),
-    ("output_dist", re.compile(r"all2all_?pooled|alltoall_?pooled|reduce_?scatter|ReduceScatter|all_?gather_?(v|base)?_(fwd|bwd)"
-                               r"|AllGather\w*(Req|Wait)|all2all_seq|alltoall_seq|variable_batch_all2all", re.I)),
-    ("lookup", re.compile(r"SplitLookupFunction|split_embedding_(backward_)?codegen|split_embedding\w*lookup"
-                          r"|fbgemm::(dense|split)_embedding|TBE|IntNBitTableBatched", re.I)),
+    (
+        "output_dist",
+        re.compile(
+            r"^\[output_dist_wait\]|EmbeddingBagCollectionAwaitable|PooledEmbeddingsAwaitable"
+            r"|EmbeddingCollectionAwaitable",
+            re.I,
+        ),
+    ),
+    (
+        "input_dist",
+        re.compile(
+            r"KJTList\w*Awaitable|KJTAllToAll|SplitsAllToAll|all2all_data:|dist_init:recat"
+            r"|KJTOneToAll|bucketize",
+            re.I,
+        ),
+    ),
+    (
+        "output_dist",
+        re.compile(
+            r"all2all_?pooled|alltoall_?pooled|reduce_?scatter|ReduceScatter|all_?gather_?(v|base)?_(fwd|bwd)"
+            r"|AllGather\w*(Req|Wait)|all2all_seq|alltoall_seq|variable_batch_all2all",
+            re.I,
+        ),
+    ),
+    (
+        "lookup",
+        re.compile(
+            r"SplitLookupFunction|split_embedding_(backward_)?codegen|split_embedding\w*lookup"
+            r"|fbgemm::(dense|split)_embedding|TBE|IntNBitTableBatched",
+            re.I,
+        ),
+    ),
 ]
 # KJT permutes in a forward outside any stage are the EBC's input distribution
-INPUT_PERMUTE = re.compile(r"fbgemm::(permute_2D_sparse_data|permute_1D_sparse_data|permute_sparse_data"
-                           r"|block_bucketize_sparse_features)", re.I)
-BACKWARD = re.compile(r"^## backward ##$|autograd::engine::evaluate_function|Backward\d*\b|Backward$"
-                      r"|CppNode<|_bwd\b", re.I)
+INPUT_PERMUTE = re.compile(
+    r"fbgemm::(permute_2D_sparse_data|permute_1D_sparse_data|permute_sparse_data"
+    r"|block_bucketize_sparse_features)",
+    re.I,
+)
+BACKWARD = re.compile(
+    r"^## backward ##$|autograd::engine::evaluate_function|Backward\d*\b|Backward$"
+    r"|CppNode<|_bwd\b",
+    re.I,
+)
 FORWARD_BLOCK = re.compile(r"^## forward ##$", re.I)
 # a thread blocked on someone else: its self time is waiting when a collective is in flight
 WAIT = re.compile(r"wait|Req(Backward)?$|synchroniz|barrier", re.I)
@@ -40,7 +72,9 @@ WAIT = re.compile(r"wait|Req(Backward)?$|synchroniz|barrier", re.I)
 C10D = re.compile(r"^(c10d::|record_param_comms|nccl:|gloo:)", re.I)
 # collectives as executed (gloo worker threads, NCCL kernels)
 COLLECTIVE = re.compile(r"^gloo:|nccl(Dev)?Kernel|^nccl:", re.I)
-TBE_FWD = re.compile(r"fbgemm::split_embedding_codegen_lookup\w*function|fbgemm::\w*embedding\w*forward", re.I)
+TBE_FWD = re.compile(
+    r"fbgemm::split_embedding_codegen_lookup\w*function|fbgemm::\w*embedding\w*forward", re.I
+)
 BOUNDS_CHECK = re.compile(r"fbgemm::bounds_check_indices", re.I)
 
 
@@ -55,12 +89,36 @@ def stage_of(name: str) -> str | None:
 def collective_op(name: str) -> str:
     """Canonical collective name: all_to_all, all_reduce, reduce_scatter, all_gather, broadcast, …"""
     n = name.lower().replace("alltoall", "all_to_all").replace("allreduce", "all_reduce")
-    n = n.replace("reducescatter", "reduce_scatter").replace("allgather", "all_gather").replace("sendrecv", "all_to_all")
-    for op in ("all_to_all", "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "send", "recv"):
+    n = (
+        n.replace("reducescatter", "reduce_scatter")
+        .replace("allgather", "all_gather")
+        .replace("sendrecv", "all_to_all")
+    )
+    for op in (
+        "all_to_all",
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "broadcast",
+        "barrier",
+        "send",
+        "recv",
+    ):
         if op in n:
             return op
     return "other"
 
 
-DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8, "int": 4,
-               "unsigned char": 1, "signed char": 1, "short int": 2, "bool": 1, "c10::Float8_e4m3fn": 1}
+DTYPE_BYTES = {
+    "float": 4,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "double": 8,
+    "long int": 8,
+    "int": 4,
+    "unsigned char": 1,
+    "signed char": 1,
+    "short int": 2,
+    "bool": 1,
+    "c10::Float8_e4m3fn": 1,
+}

@@ -7,9 +7,10 @@ naming the file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -47,12 +48,16 @@ def trace_path(d: Path, rank: int, manifest: dict[str, Any]) -> Path:
         if (d / name).is_file():
             return d / name
     want = listed[rank] if rank < len(listed) else f"rank{rank}.trace.json.gz"
-    raise UserError(f"{d / want}: missing — rank {rank}'s trace (manifest says world size {manifest['world_size']})")
+    raise UserError(
+        f"{d / want}: missing — rank {rank}'s trace (manifest says world size {manifest['world_size']})"
+    )
 
 
 def plan_tables(manifest: dict[str, Any]) -> pd.DataFrame:
     """The plan in force as one row per shard (data-parallel tables: one row per rank, whole table)."""
-    dims = {t["name"]: t for t in manifest.get("tables") or [] if isinstance(t, dict) and "name" in t}
+    dims = {
+        t["name"]: t for t in manifest.get("tables") or [] if isinstance(t, dict) and "name" in t
+    }
     world = manifest["world_size"]
     rows = []
     for e in manifest.get("sharding") or []:
@@ -60,16 +65,34 @@ def plan_tables(manifest: dict[str, Any]) -> pd.DataFrame:
         t = dims.get(name, {})
         if e.get("sharding_type") == "data_parallel" or not e.get("shards"):
             for r in e.get("ranks") or range(world):
-                rows.append((name, e.get("module"), e.get("sharding_type"), r, t.get("num_embeddings", 0),
-                             t.get("embedding_dim", 0)))
+                rows.append(
+                    (
+                        name,
+                        e.get("module"),
+                        e.get("sharding_type"),
+                        r,
+                        t.get("num_embeddings", 0),
+                        t.get("embedding_dim", 0),
+                    )
+                )
             continue
         for s in e["shards"]:
-            rows.append((name, e.get("module"), e.get("sharding_type"), s["rank"], s["sizes"][0], s["sizes"][1]))
+            rows.append(
+                (
+                    name,
+                    e.get("module"),
+                    e.get("sharding_type"),
+                    s["rank"],
+                    s["sizes"][0],
+                    s["sizes"][1],
+                )
+            )
     return pd.DataFrame(rows, columns=["table", "module", "sharding_type", "rank", "rows", "cols"])
 
 
-def load_profile(path: str | Path, cache: bool = True,
-                 progress: Callable[[str], None] | None = None) -> Profile:
+def load_profile(
+    path: str | Path, cache: bool = True, progress: Callable[[str], None] | None = None
+) -> Profile:
     """Read and cross-check a profile directory; raises UserError naming the first bad file."""
     d = Path(path)
     if not d.is_dir():
@@ -84,10 +107,14 @@ def load_profile(path: str | Path, cache: bool = True,
             progress(f"parsing trace {r + 1}/{world}: {p.name} ({size:.1f} MiB)")
         tr = load_trace(p, cache=cache)
         if tr.rank is not None and tr.rank != r:
-            raise UserError(f"{p}: is rank {tr.rank}'s trace, expected rank {r} (files from different runs mixed?)")
+            raise UserError(
+                f"{p}: is rank {tr.rank}'s trace, expected rank {r} (files from different runs mixed?)"
+            )
         if tr.world_size is not None and tr.world_size != world:
-            raise UserError(f"{p}: from a run with world size {tr.world_size}, manifest says {world} "
-                            f"(traces from different runs mixed)")
+            raise UserError(
+                f"{p}: from a run with world size {tr.world_size}, manifest says {world} "
+                f"(traces from different runs mixed)"
+            )
         traces.append(tr)
     check_same_run(traces, m)
     stats = None
@@ -97,13 +124,17 @@ def load_profile(path: str | Path, cache: bool = True,
             stats = pd.read_parquet(sp)
         except Exception as e:  # noqa: BLE001 - any unreadable parquet is bad input
             raise UserError(f"{sp}: unreadable Parquet ({e.__class__.__name__})") from None
-    return Profile(path=d, manifest=m, traces=traces, access_stats=stats, plan_tables=plan_tables(m))
+    return Profile(
+        path=d, manifest=m, traces=traces, access_stats=stats, plan_tables=plan_tables(m)
+    )
 
 
 def step_span(tr: Trace) -> tuple[list[int], float, float]:
     s = tr.events[tr.events["name"].str.match(names.STEP.pattern)]
     if s.empty:
-        raise UserError(f"{tr.path}: no ProfilerStep#N events (not a sparselift/torch.profiler step trace)")
+        raise UserError(
+            f"{tr.path}: no ProfilerStep#N events (not a sparselift/torch.profiler step trace)"
+        )
     steps = sorted(s["name"].str.extract(names.STEP.pattern)[0].astype(int).unique())
     return steps, float(s["ts"].min()), float(s["end"].max())
 
@@ -115,10 +146,14 @@ def check_same_run(traces: list[Trace], manifest: dict[str, Any]) -> None:
     for tr in traces:
         steps, a, b = step_span(tr)
         if want and steps != sorted(want):
-            raise UserError(f"{tr.path}: holds steps {steps}, manifest profiled {sorted(want)} "
-                            f"(trace from a different run)")
+            raise UserError(
+                f"{tr.path}: holds steps {steps}, manifest profiled {sorted(want)} "
+                f"(trace from a different run)"
+            )
         spans.append((a, b, tr.path))
     a0, b0, p0 = spans[0]
     for a, b, p in spans[1:]:
         if a > b0 or b < a0:
-            raise UserError(f"{p}: its steps do not overlap in time with {p0}'s (traces from different runs mixed)")
+            raise UserError(
+                f"{p}: its steps do not overlap in time with {p0}'s (traces from different runs mixed)"
+            )

@@ -20,11 +20,34 @@ import pandas as pd
 from sparselift.analysis import names
 from sparselift.analysis.trace import Trace, dims_of
 
-NODE_COLUMNS = ["node_id", "rank", "step", "kind", "stage", "phase", "module", "sharding", "part", "resource",
-                "thread", "start_us", "end_us", "dur_s", "ids", "bytes", "x", "tables", "coll_key", "coll_op",
-                "transfer_s", "skew_s"]
+NODE_COLUMNS = [
+    "node_id",
+    "rank",
+    "step",
+    "kind",
+    "stage",
+    "phase",
+    "module",
+    "sharding",
+    "part",
+    "resource",
+    "thread",
+    "start_us",
+    "end_us",
+    "dur_s",
+    "ids",
+    "bytes",
+    "x",
+    "tables",
+    "coll_key",
+    "coll_op",
+    "transfer_s",
+    "skew_s",
+]
 MAIN_PARTS = ("compute", "wait", "idle")
-GLOO_RUNS_AS = {"all_reduce": ("reduce_scatter",)}  # gloo has no reduce-scatter: c10d runs an all-reduce
+GLOO_RUNS_AS = {
+    "all_reduce": ("reduce_scatter",)
+}  # gloo has no reduce-scatter: c10d runs an all-reduce
 
 
 @dataclass
@@ -57,8 +80,13 @@ def main_thread(ev: pd.DataFrame) -> tuple[str, str]:
 
 def step_windows(ev: pd.DataFrame, pid: str, tid: str) -> pd.DataFrame:
     s = ev[(ev["pid"] == pid) & (ev["tid"] == tid) & ev["name"].str.match(names.STEP.pattern)]
-    out = pd.DataFrame({"step": s["name"].str.extract(names.STEP.pattern)[0].astype(int).values,
-                        "start_us": s["ts"].values, "end_us": s["end"].values})
+    out = pd.DataFrame(
+        {
+            "step": s["name"].str.extract(names.STEP.pattern)[0].astype(int).values,
+            "start_us": s["ts"].values,
+            "end_us": s["end"].values,
+        }
+    )
     out["dur_s"] = (out["end_us"] - out["start_us"]) * 1e-6
     return out.sort_values("start_us").reset_index(drop=True)
 
@@ -83,17 +111,31 @@ def annotate_stack(main: pd.DataFrame) -> pd.DataFrame:
             if st is None and ph == "fwd" and names.INPUT_PERMUTE.search(name):
                 st = "input_dist"
             if ph == "bwd" and seq is not pd.NA and seq is not None and int(seq) in fwd_ctx:
-                st, mod, sh = fwd_ctx[int(seq)] if st is None or mod is None else (st, *fwd_ctx[int(seq)][1:])
+                st, mod, sh = (
+                    fwd_ctx[int(seq)] if st is None or mod is None else (st, *fwd_ctx[int(seq)][1:])
+                )
         m = names.TAGGED.match(name)
         if m and mod is None:
             mod, sh = m.group("module"), m.group("sharding")
         if ph == "fwd" and st is not None and seq is not pd.NA and seq is not None:
             fwd_ctx.setdefault(int(seq), (st, mod, sh))
         ctx = (st, ph, mod, sh)
-        stage.append(st), phase.append(ph), module.append(mod), sharding.append(sh), depth.append(len(stack))
+        (
+            stage.append(st),
+            phase.append(ph),
+            module.append(mod),
+            sharding.append(sh),
+            depth.append(len(stack)),
+        )
         stack.append((end, ctx))
     out = main.copy()
-    out["stage"], out["phase"], out["module"], out["sharding"], out["depth"] = stage, phase, module, sharding, depth
+    out["stage"], out["phase"], out["module"], out["sharding"], out["depth"] = (
+        stage,
+        phase,
+        module,
+        sharding,
+        depth,
+    )
     return out
 
 
@@ -125,7 +167,9 @@ def self_segments(main: pd.DataFrame, t0: float, t1: float) -> pd.DataFrame:
     return pd.DataFrame({"start": seg_s, "end": seg_e, "event": seg_i})
 
 
-def collectives(tr: Trace, main: pd.DataFrame, pid: str, tid: str) -> tuple[pd.DataFrame, list[str]]:
+def collectives(
+    tr: Trace, main: pd.DataFrame, pid: str, tid: str
+) -> tuple[pd.DataFrame, list[str]]:
     """Collectives as executed, with the stage of the main-thread op that launched them."""
     ev = tr.events
     problems: list[str] = []
@@ -142,13 +186,21 @@ def collectives(tr: Trace, main: pd.DataFrame, pid: str, tid: str) -> tuple[pd.D
                 launch[k] = _enclosing(main, corr_ts[int(c)])
     else:
         c10d = main[main["name"].str.match(names.C10D.pattern)]
-        c10d_ops = [(i, ts, names.collective_op(n)) for i, ts, n in zip(c10d.index, c10d["ts"], c10d["name"])]
+        c10d_ops = [
+            (i, ts, names.collective_op(n))
+            for i, ts, n in zip(c10d.index, c10d["ts"], c10d["name"])
+        ]
         used: set[int] = set()
         for k, (ts, op) in enumerate(zip(coll["ts"], coll["op"])):
-            cands = [i for i, lts, lop in c10d_ops if i not in used and lop == op and lts <= ts + 1.0]
+            cands = [
+                i for i, lts, lop in c10d_ops if i not in used and lop == op and lts <= ts + 1.0
+            ]
             if not cands:  # gloo runs some collectives as others (reduce_scatter → all_reduce)
-                cands = [i for i, lts, lop in c10d_ops if i not in used and lts <= ts + 1.0
-                         and lop in GLOO_RUNS_AS.get(op, ())]
+                cands = [
+                    i
+                    for i, lts, lop in c10d_ops
+                    if i not in used and lts <= ts + 1.0 and lop in GLOO_RUNS_AS.get(op, ())
+                ]
             if cands:
                 launch[k] = cands[0]  # launches run in order on their worker threads
                 used.add(cands[0])
@@ -217,42 +269,82 @@ def rank_nodes(tr: Trace, rank: int) -> tuple[pd.DataFrame, pd.DataFrame, list[s
     ev = tr.events
     pid, tid = main_thread(ev)
     steps = step_windows(ev, pid, tid)
-    main = ev[(ev["pid"] == pid) & (ev["tid"] == tid) & ~ev["cat"].isin(("cuda_driver",))
-              & ~ev["name"].str.match(names.STEP.pattern)]
+    main = ev[
+        (ev["pid"] == pid)
+        & (ev["tid"] == tid)
+        & ~ev["cat"].isin(("cuda_driver",))
+        & ~ev["name"].str.match(names.STEP.pattern)
+    ]
     main = annotate_stack(main.reset_index(drop=True))
     main["ids"] = lookup_ids(main)
     coll, problems = collectives(tr, main, pid, tid)
-    coll_ctx = [[_none(v) for v in main.loc[i, ["stage", "phase", "module", "sharding"]]] if i >= 0
-                else [None, "other", None, None]
-                for i in coll["launch"]]
-    coll[["stage", "phase", "module", "sharding"]] = pd.DataFrame(coll_ctx, index=coll.index, columns=["stage", "phase", "module", "sharding"])
-    coll["kind"] = [kind_of(s, p) if _none(s) else ("dp_allreduce" if op == "all_reduce" else "dense_comm")
-                    for s, p, op in zip(coll["stage"], coll["phase"], coll["op"])]
+    coll_ctx = [
+        [_none(v) for v in main.loc[i, ["stage", "phase", "module", "sharding"]]]
+        if i >= 0
+        else [None, "other", None, None]
+        for i in coll["launch"]
+    ]
+    coll[["stage", "phase", "module", "sharding"]] = pd.DataFrame(
+        coll_ctx, index=coll.index, columns=["stage", "phase", "module", "sharding"]
+    )
+    coll["kind"] = [
+        kind_of(s, p) if _none(s) else ("dp_allreduce" if op == "all_reduce" else "dense_comm")
+        for s, p, op in zip(coll["stage"], coll["phase"], coll["op"])
+    ]
     launch_ts = [main.at[i, "ts"] if i >= 0 else t for i, t in zip(coll["launch"], coll["ts"])]
     coll["launch_ts"] = launch_ts
     rows = []
     for st in steps.itertuples():
         segs = self_segments(main, st.start_us, st.end_us)
-        c = coll[(coll["launch_ts"] >= st.start_us) & (coll["launch_ts"] < st.end_us)].sort_values("launch_ts")
+        c = coll[(coll["launch_ts"] >= st.start_us) & (coll["launch_ts"] < st.end_us)].sort_values(
+            "launch_ts"
+        )
         rows += _main_rows(main, segs, c, rank, st.step, f"{pid}/{tid}", tr.is_cuda)
         for k, r in enumerate(c.itertuples()):
-            rows.append(dict(rank=rank, step=st.step, kind=r.kind, stage=_none(r.stage) or "dense", phase=r.phase,
-                             module=r.module, sharding=r.sharding, part="collective", resource="network",
-                             thread=f"{r.pid}/{r.tid}", start_us=r.ts, end_us=r.end, dur_s=r.dur * 1e-6, ids=0,
-                             bytes=int(r.bytes), coll_key=f"{st.step}.{k}", coll_op=r.op))
+            rows.append(
+                dict(
+                    rank=rank,
+                    step=st.step,
+                    kind=r.kind,
+                    stage=_none(r.stage) or "dense",
+                    phase=r.phase,
+                    module=r.module,
+                    sharding=r.sharding,
+                    part="collective",
+                    resource="network",
+                    thread=f"{r.pid}/{r.tid}",
+                    start_us=r.ts,
+                    end_us=r.end,
+                    dur_s=r.dur * 1e-6,
+                    ids=0,
+                    bytes=int(r.bytes),
+                    coll_key=f"{st.step}.{k}",
+                    coll_op=r.op,
+                )
+            )
     nodes = merge_same(fill_modules(pd.DataFrame(rows)))
     # ids looked up: the TBE forward's indices, serving its forward and its backward (and fused optimizer)
     lk = main[(main["ids"] > 0) & (main["stage"] == "lookup")]
     for st in steps.itertuples():
         w = lk[(lk["ts"] >= st.start_us) & (lk["ts"] < st.end_us)]
         for (mod, sh), v in w.groupby(["module", "sharding"], dropna=False)["ids"].sum().items():
-            m = (nodes["step"] == st.step) & nodes["kind"].isin(("lookup_fwd", "lookup_bwd")) & (nodes["part"] == "compute") \
-                & (nodes["module"].fillna("") == (mod or "")) & (nodes["sharding"].fillna("") == (sh or ""))
+            m = (
+                (nodes["step"] == st.step)
+                & nodes["kind"].isin(("lookup_fwd", "lookup_bwd"))
+                & (nodes["part"] == "compute")
+                & (nodes["module"].fillna("") == (mod or ""))
+                & (nodes["sharding"].fillna("") == (sh or ""))
+            )
             nodes.loc[m, "ids"] = int(v)
-    unknown = main[(main["stage"].isna()) & main["name"].str.contains(r"fbgemm::|All2All|all2all|ReduceScatter", regex=True)
-                   & ~main["name"].str.contains(r"fbgemm::(?:permute|asynchronous|bounds)", regex=True)]
+    unknown = main[
+        (main["stage"].isna())
+        & main["name"].str.contains(r"fbgemm::|All2All|all2all|ReduceScatter", regex=True)
+        & ~main["name"].str.contains(r"fbgemm::(?:permute|asynchronous|bounds)", regex=True)
+    ]
     for n in unknown["name"].unique()[:10]:
-        problems.append(f"rank {rank}: sparse-looking op {n!r} outside any sparse stage (counted as dense)")
+        problems.append(
+            f"rank {rank}: sparse-looking op {n!r} outside any sparse stage (counted as dense)"
+        )
     return nodes, steps.assign(rank=rank), problems
 
 
@@ -260,10 +352,29 @@ def merge_same(nodes: pd.DataFrame) -> pd.DataFrame:
     """One main-thread node per (step, kind, module, sharding, part); collectives stay one each."""
     coll = nodes[nodes["part"] == "collective"]
     m = nodes[nodes["part"] != "collective"]
-    keys = ["rank", "step", "kind", "stage", "phase", "module", "sharding", "part", "resource", "thread"]
-    g = m.groupby(keys, dropna=False, sort=False).agg(start_us=("start_us", "min"), end_us=("end_us", "max"),
-                                                       dur_s=("dur_s", "sum"), ids=("ids", "sum"),
-                                                       bytes=("bytes", "sum")).reset_index()
+    keys = [
+        "rank",
+        "step",
+        "kind",
+        "stage",
+        "phase",
+        "module",
+        "sharding",
+        "part",
+        "resource",
+        "thread",
+    ]
+    g = (
+        m.groupby(keys, dropna=False, sort=False)
+        .agg(
+            start_us=("start_us", "min"),
+            end_us=("end_us", "max"),
+            dur_s=("dur_s", "sum"),
+            ids=("ids", "sum"),
+            bytes=("bytes", "sum"),
+        )
+        .reset_index()
+    )
     g["coll_key"], g["coll_op"] = None, None
     return pd.concat([g, coll], ignore_index=True)
 
@@ -285,13 +396,24 @@ def fill_modules(nodes: pd.DataFrame) -> pd.DataFrame:
     return nodes
 
 
-def _main_rows(main: pd.DataFrame, segs: pd.DataFrame, coll: pd.DataFrame, rank: int, step: int, thread: str,
-               cuda: bool = False) -> list[dict]:
+def _main_rows(
+    main: pd.DataFrame,
+    segs: pd.DataFrame,
+    coll: pd.DataFrame,
+    rank: int,
+    step: int,
+    thread: str,
+    cuda: bool = False,
+) -> list[dict]:
     """Label each self-time segment, split at collective boundaries, then sum per label.
 
     On CPU (gloo) the Python thread blocks inside annotations and c10d ops while a collective runs;
     on CUDA it runs ahead of the device and only waits in explicit waits / synchronizations."""
-    cuts = np.unique(np.concatenate([coll["ts"].values, coll["end"].values])) if len(coll) else np.array([])
+    cuts = (
+        np.unique(np.concatenate([coll["ts"].values, coll["end"].values]))
+        if len(coll)
+        else np.array([])
+    )
     acc: dict[tuple, dict] = {}
     cstart, cend = coll["ts"].values, coll["end"].values
     for a, b, i in zip(segs["start"], segs["end"], segs["event"]):
@@ -299,9 +421,12 @@ def _main_rows(main: pd.DataFrame, segs: pd.DataFrame, coll: pd.DataFrame, rank:
         bounds = [a, *inner, b]
         if i >= 0:
             name, cat = main.at[i, "name"], main.at[i, "cat"]
-            stage, phase, mod, sh = (_none(main.at[i, c]) for c in ("stage", "phase", "module", "sharding"))
-            waitable = bool(names.WAIT.search(name)) or (not cuda and (cat == "user_annotation"
-                                                                          or bool(names.C10D.search(name))))
+            stage, phase, mod, sh = (
+                _none(main.at[i, c]) for c in ("stage", "phase", "module", "sharding")
+            )
+            waitable = bool(names.WAIT.search(name)) or (
+                not cuda and (cat == "user_annotation" or bool(names.C10D.search(name)))
+            )
         else:
             stage, phase, mod, sh, waitable = None, "other", None, None, not cuda
         for x, y in zip(bounds, bounds[1:]):
@@ -309,7 +434,15 @@ def _main_rows(main: pd.DataFrame, segs: pd.DataFrame, coll: pd.DataFrame, rank:
             flying = np.nonzero((cstart <= mid) & (cend > mid))[0]
             if waitable and len(flying):
                 c = coll.iloc[flying[0]]
-                key = (c["kind"], c["stage"] or "dense", c["phase"], c["module"], c["sharding"], "wait", "network")
+                key = (
+                    c["kind"],
+                    c["stage"] or "dense",
+                    c["phase"],
+                    c["module"],
+                    c["sharding"],
+                    "wait",
+                    "network",
+                )
             elif i < 0:
                 key = ("idle", "idle", "other", None, None, "idle", "idle")
             elif stage is not None:
@@ -322,9 +455,25 @@ def _main_rows(main: pd.DataFrame, segs: pd.DataFrame, coll: pd.DataFrame, rank:
             r["dur_s"] += (y - x) * 1e-6
     rows = []
     for (kind, stage, phase, mod, sh, part, res), r in acc.items():
-        rows.append(dict(rank=rank, step=step, kind=kind, stage=stage, phase=phase, module=mod, sharding=sh, part=part,
-                         resource=res, thread=thread, ids=0, bytes=0, coll_key=None,
-                         coll_op=None, **r))
+        rows.append(
+            dict(
+                rank=rank,
+                step=step,
+                kind=kind,
+                stage=stage,
+                phase=phase,
+                module=mod,
+                sharding=sh,
+                part=part,
+                resource=res,
+                thread=thread,
+                ids=0,
+                bytes=0,
+                coll_key=None,
+                coll_op=None,
+                **r,
+            )
+        )
     return rows
 
 
@@ -361,7 +510,9 @@ def pair_collectives(nodes: pd.DataFrame) -> list[str]:
     for key, g in nodes[coll].groupby("coll_key"):
         ops = g["coll_op"].unique()
         if g["rank"].nunique() != world:
-            problems.append(f"collective {key} ({', '.join(ops)}) seen on ranks {sorted(g['rank'].unique())} only")
+            problems.append(
+                f"collective {key} ({', '.join(ops)}) seen on ranks {sorted(g['rank'].unique())} only"
+            )
         elif len(ops) > 1:
             problems.append(f"collective {key}: ranks disagree on the op ({', '.join(ops)})")
         t = g["dur_s"].min()
@@ -425,4 +576,6 @@ def build_edges(nodes: pd.DataFrame) -> pd.DataFrame:
         ids = g.sort_values("rank")["node_id"].tolist()
         for a, b in zip(ids, ids[1:]):
             rows.append((a, b, "peer"))
-    return pd.DataFrame(rows, columns=["src", "dst", "kind"]).astype({"src": "int64", "dst": "int64"})
+    return pd.DataFrame(rows, columns=["src", "dst", "kind"]).astype(
+        {"src": "int64", "dst": "int64"}
+    )

@@ -7,9 +7,10 @@ network, so everything is rendered with `bokeh.resources.INLINE` into a single f
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import holoviews as hv
 import pandas as pd

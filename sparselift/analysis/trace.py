@@ -23,8 +23,24 @@ from sparselift.errors import UserError
 CACHE_DIR = ".sparselift-cache"
 CACHE_VERSION = 1
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
-COLUMNS = ["name", "cat", "pid", "tid", "thread", "ts", "dur", "end", "ext_id", "correlation", "seq",
-           "stream", "device", "input_dims", "input_types", "bytes"]
+COLUMNS = [
+    "name",
+    "cat",
+    "pid",
+    "tid",
+    "thread",
+    "ts",
+    "dur",
+    "end",
+    "ext_id",
+    "correlation",
+    "seq",
+    "stream",
+    "device",
+    "input_dims",
+    "input_types",
+    "bytes",
+]
 
 
 @dataclass
@@ -50,9 +66,13 @@ def read_json(path: Path) -> Any:
             raw = gzip.decompress(raw)
         return json.loads(raw)
     except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
-        raise UserError(f"{path}: truncated or corrupt gzip ({e.__class__.__name__}: {e})") from None
+        raise UserError(
+            f"{path}: truncated or corrupt gzip ({e.__class__.__name__}: {e})"
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not a Kineto trace: not valid JSON ({e.__class__.__name__})") from None
+        raise UserError(
+            f"{path}: not a Kineto trace: not valid JSON ({e.__class__.__name__})"
+        ) from None
 
 
 def parse_trace(doc: Any, path: str) -> Trace:
@@ -66,7 +86,9 @@ def parse_trace(doc: Any, path: str) -> Trace:
             continue
         ph = e.get("ph")
         if ph == "M" and e.get("name") == "thread_name":
-            thread_names[(str(e.get("pid")), str(e.get("tid")))] = str((e.get("args") or {}).get("name", ""))
+            thread_names[(str(e.get("pid")), str(e.get("tid")))] = str(
+                (e.get("args") or {}).get("name", "")
+            )
             continue
         if ph != "X" or "ts" not in e:
             continue
@@ -74,26 +96,65 @@ def parse_trace(doc: Any, path: str) -> Trace:
         cat = e.get("cat", "")
         dims = a.get("Input Dims")
         types = a.get("Input type")
-        rows.append((
-            str(e.get("name", "")), str(cat), str(e.get("pid")), str(e.get("tid")), float(e["ts"]),
-            float(e.get("dur", 0.0)), _int(a.get("External id", a.get("external id"))),
-            _int(a.get("correlation")), _int(a.get("Sequence number")), _int(a.get("stream")),
-            _int(a.get("device")), json.dumps(dims) if dims is not None else "",
-            json.dumps(types) if types is not None else "", _int(a.get("bytes")),
-        ))
-    df = pd.DataFrame(rows, columns=["name", "cat", "pid", "tid", "ts", "dur", "ext_id", "correlation",
-                                     "seq", "stream", "device", "input_dims", "input_types", "bytes"])
+        rows.append(
+            (
+                str(e.get("name", "")),
+                str(cat),
+                str(e.get("pid")),
+                str(e.get("tid")),
+                float(e["ts"]),
+                float(e.get("dur", 0.0)),
+                _int(a.get("External id", a.get("external id"))),
+                _int(a.get("correlation")),
+                _int(a.get("Sequence number")),
+                _int(a.get("stream")),
+                _int(a.get("device")),
+                json.dumps(dims) if dims is not None else "",
+                json.dumps(types) if types is not None else "",
+                _int(a.get("bytes")),
+            )
+        )
+    df = pd.DataFrame(
+        rows,
+        columns=[
+            "name",
+            "cat",
+            "pid",
+            "tid",
+            "ts",
+            "dur",
+            "ext_id",
+            "correlation",
+            "seq",
+            "stream",
+            "device",
+            "input_dims",
+            "input_types",
+            "bytes",
+        ],
+    )
     for c in ("ext_id", "correlation", "seq", "stream", "device", "bytes"):
         df[c] = df[c].astype("Int64")
     df["thread"] = [thread_names.get((p, t), "") for p, t in zip(df["pid"], df["tid"])]
     df["end"] = df["ts"] + df["dur"]
-    df = df[COLUMNS].sort_values(["ts", "end"], ascending=[True, False], kind="stable").reset_index(drop=True)
+    df = (
+        df[COLUMNS]
+        .sort_values(["ts", "end"], ascending=[True, False], kind="stable")
+        .reset_index(drop=True)
+    )
     info = doc.get("distributedInfo") or {}
-    meta = {k: doc.get(k) for k in ("trace_id", "baseTimeNanoseconds", "schemaVersion", "host_name")}
+    meta = {
+        k: doc.get(k) for k in ("trace_id", "baseTimeNanoseconds", "schemaVersion", "host_name")
+    }
     meta["distributedInfo"] = info
     meta["deviceProperties"] = doc.get("deviceProperties") or []
-    return Trace(path=path, rank=_int(info.get("rank")), world_size=_int(info.get("world_size")),
-                 events=df, meta=meta)
+    return Trace(
+        path=path,
+        rank=_int(info.get("rank")),
+        world_size=_int(info.get("world_size")),
+        events=df,
+        meta=meta,
+    )
 
 
 def load_trace(path: str | Path, cache: bool = True) -> Trace:
@@ -109,8 +170,13 @@ def load_trace(path: str | Path, cache: bool = True) -> Trace:
         try:
             m = json.loads(mfile.read_text())
             if m.get("key") == key:
-                return Trace(path=str(path), rank=m["rank"], world_size=m["world_size"],
-                             events=pd.read_parquet(cfile), meta=m["meta"])
+                return Trace(
+                    path=str(path),
+                    rank=m["rank"],
+                    world_size=m["world_size"],
+                    events=pd.read_parquet(cfile),
+                    meta=m["meta"],
+                )
         except Exception:  # noqa: BLE001 - a broken cache is re-parsed, never trusted
             pass
     tr = parse_trace(read_json(path), str(path))
@@ -126,7 +192,9 @@ def _write_cache(tr: Trace, key: dict, cdir: Path, cfile: Path, mfile: Path) -> 
     try:
         cdir.mkdir(exist_ok=True)
         write_bytes(cfile, parquet_bytes(tr.events))
-        write_json(mfile, {"key": key, "rank": tr.rank, "world_size": tr.world_size, "meta": tr.meta})
+        write_json(
+            mfile, {"key": key, "rank": tr.rank, "world_size": tr.world_size, "meta": tr.meta}
+        )
     except OSError:
         pass
 

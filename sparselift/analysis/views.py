@@ -43,24 +43,45 @@ def open_profile(path: str | Path, analysis: Any = None) -> ProfileView:
 def table_overview(access: pd.DataFrame) -> pd.DataFrame:
     """Per table, over ranks and profiled steps: ids per step, unique ratio, pooling, skew."""
     g = access.groupby("table", sort=False)
-    out = pd.DataFrame({
-        "rows": g["num_embeddings"].first(), "dim": g["embedding_dim"].first(),
-        "ids_per_step": g["ids"].mean(), "unique_ratio": g["unique_ids"].sum() / g["ids"].sum(),
-        "pooling_mean": g["pooling_mean"].mean(), "pooling_p99": g["pooling_p99"].max(),
-        "top1pct_share": g["top1pct_share"].mean(), "top10pct_share": g["top10pct_share"].mean(),
-        "zipf_alpha": g["zipf_alpha"].first(),
-    })
+    out = pd.DataFrame(
+        {
+            "rows": g["num_embeddings"].first(),
+            "dim": g["embedding_dim"].first(),
+            "ids_per_step": g["ids"].mean(),
+            "unique_ratio": g["unique_ids"].sum() / g["ids"].sum(),
+            "pooling_mean": g["pooling_mean"].mean(),
+            "pooling_p99": g["pooling_p99"].max(),
+            "top1pct_share": g["top1pct_share"].mean(),
+            "top10pct_share": g["top10pct_share"].mean(),
+            "zipf_alpha": g["zipf_alpha"].first(),
+        }
+    )
     return out.reset_index()
 
 
 def profile_sections(view: ProfileView) -> Sections:
     m = view.manifest
     s = view.summary
-    per_rank = s.groupby("rank")[["step_s", "sparse_compute_s", "sparse_comm_s", "dense_compute_s",
-                                   "exposed_comm_s", "idle_s"]].mean().reset_index()
+    per_rank = (
+        s.groupby("rank")[
+            [
+                "step_s",
+                "sparse_compute_s",
+                "sparse_comm_s",
+                "dense_compute_s",
+                "exposed_comm_s",
+                "idle_s",
+            ]
+        ]
+        .mean()
+        .reset_index()
+    )
     return [
-        ("Run", f"workload {m['workload']}, {m['world_size']} ranks ({m['device']}/{m['backend']}), "
-                f"batch {m['batch_size']}/rank, pipeline {m['pipeline']}, profiled steps {m['profiled_steps']}"),
+        (
+            "Run",
+            f"workload {m['workload']}, {m['world_size']} ranks ({m['device']}/{m['backend']}), "
+            f"batch {m['batch_size']}/rank, pipeline {m['pipeline']}, profiled steps {m['profiled_steps']}",
+        ),
         ("Tables", table_overview(view.access)),
         ("Access skew", plots.access_skew(view.access)),
         ("Pooling factors", plots.pooling_factors(view.access)),
@@ -87,10 +108,19 @@ def bench_rows(bench: dict[str, Any] | None, named_plans: dict[str, Any]) -> lis
     """Predicted (from each plan) vs measured (a `sparselift bench --json` result) step times."""
     rows = []
     for c in (bench or {}).get("contenders", []):
-        plan = named_plans.get(Path(c["plan"]).name.removesuffix(".json")) if c.get("plan") else None
+        plan = (
+            named_plans.get(Path(c["plan"]).name.removesuffix(".json")) if c.get("plan") else None
+        )
         predicted = (plan.predicted or {}).get("step_time_s") if plan is not None else None
-        rows.append(dict(plan=c["label"], predicted_step_s=predicted, measured_step_s=1.0 / c["median"],
-                         steps_per_s=c["median"], ratio=c["ratio"]))
+        rows.append(
+            dict(
+                plan=c["label"],
+                predicted_step_s=predicted,
+                measured_step_s=1.0 / c["median"],
+                steps_per_s=c["median"],
+                ratio=c["ratio"],
+            )
+        )
     return rows
 
 
@@ -99,7 +129,9 @@ def plan_sections(named_plans: dict[str, Any], bench: dict[str, Any] | None = No
         ("Per-rank predicted cost and memory", plots.per_rank_predicted(named_plans)),
         ("Sharding-type mix", plots.sharding_mix(named_plans)),
     ]
-    sections += [(f"Placement: {name}", plots.placement_heatmap(p, name)) for name, p in named_plans.items()]
+    sections += [
+        (f"Placement: {name}", plots.placement_heatmap(p, name)) for name, p in named_plans.items()
+    ]
     rows = bench_rows(bench, named_plans)
     if any(r["predicted_step_s"] and r["measured_step_s"] for r in rows):
         sections.append(("Predicted vs measured step time", plots.predicted_vs_measured(rows)))

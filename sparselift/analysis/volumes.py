@@ -17,15 +17,20 @@ from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES
 SHARDED = ("table_wise", "column_wise", "row_wise", "table_row_wise")
 
 
-def dist_bytes(access: pd.DataFrame, plan_tables: pd.DataFrame, manifest: dict[str, Any]) -> pd.DataFrame:
+def dist_bytes(
+    access: pd.DataFrame, plan_tables: pd.DataFrame, manifest: dict[str, Any]
+) -> pd.DataFrame:
     """One row per (rank, step, kind, group): bytes that rank moves for that sharding-type group's
     input_dist, output_dist_fwd and output_dist_bwd (one host): a table-wise or column-wise shard's
     rank sends its outputs and receives every other rank's ids and gradients; row-wise shards send
     their share, and gloo's row-wise output is a ring all-reduce of the whole output, its backward
     an all-gather."""
     world, batch = int(manifest["world_size"]), int(manifest.get("batch_size") or 0)
-    feats = {t["name"]: max(1, len(t.get("feature_names") or [])) for t in manifest.get("tables") or []
-             if isinstance(t, dict) and "name" in t}
+    feats = {
+        t["name"]: max(1, len(t.get("feature_names") or []))
+        for t in manifest.get("tables") or []
+        if isinstance(t, dict) and "name" in t
+    }
     gloo = (manifest.get("backend") or "gloo") == "gloo"
     shards = plan_tables[plan_tables["sharding_type"].isin(SHARDED)]
     ids = access.set_index(["table", "rank", "step"])["ids"]
@@ -51,7 +56,11 @@ def dist_bytes(access: pd.DataFrame, plan_tables: pd.DataFrame, manifest: dict[s
                 else:  # row-wise buckets: every rank keeps 1/W of its ids
                     out = batch * float(sh["cols"].max()) * FLOAT_BYTES
                     add(r, step, "input_dist", st, idb * (world - 1) / world)
-                    fwd = 2.0 * (world - 1) * out if gloo and st == "row_wise" else (world - 1) * out
+                    fwd = (
+                        2.0 * (world - 1) * out if gloo and st == "row_wise" else (world - 1) * out
+                    )
                     add(r, step, "output_dist_fwd", st, fwd)
                     add(r, step, "output_dist_bwd", st, (world - 1) * out)
-    return pd.DataFrame([(*k, v) for k, v in sorted(rows.items())], columns=["rank", "step", "kind", "group", "x"])
+    return pd.DataFrame(
+        [(*k, v) for k, v in sorted(rows.items())], columns=["rank", "step", "kind", "group", "x"]
+    )

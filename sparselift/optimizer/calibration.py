@@ -20,7 +20,14 @@ from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S
 from sparselift.optimizer.topology import Topology
 
 LOOKUP_UNIT = UNITS["lookup_fwd"]  # what analysis writes as the lookups' `x`
-OP_KINDS = ("lookup_fwd", "lookup_bwd", "input_dist", "output_dist_fwd", "output_dist_bwd", "dp_allreduce")
+OP_KINDS = (
+    "lookup_fwd",
+    "lookup_bwd",
+    "input_dist",
+    "output_dist_fwd",
+    "output_dist_bwd",
+    "dp_allreduce",
+)
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,7 @@ class Coefficients:
     dense_step_s: float  # dense forward+backward+optimizer per step (a constant of the plan)
     source: str  # "preset <name>" or the calibration path
 
-    def replace(self, **kw: Any) -> "Coefficients":
+    def replace(self, **kw: Any) -> Coefficients:
         return dataclasses.replace(self, **kw)
 
 
@@ -73,7 +80,9 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
         fwd, bwd = Linear(*CPU_LOOKUP["lookup_fwd"]), Linear(*CPU_LOOKUP["lookup_bwd"])
         dist = {k: Linear(CPU_CALL_S[k], CPU_DIST_B_S) for k in dist}
     return Coefficients(
-        lookup_fwd=fwd, lookup_bwd=bwd, **dist,
+        lookup_fwd=fwd,
+        lookup_bwd=bwd,
+        **dist,
         dp_allreduce=Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw),
         wire_b_s=1.0 / topo.intra_host_bw,
         inter_host_b_s=max(1.0 / topo.inter_host_bw, 1.0 / topo.intra_host_bw),
@@ -81,8 +90,10 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
         uvm_miss_b_s=(4.0 / topo.hbm_to_ddr_bw) if topo.hbm_to_ddr_bw else 0.0,
         quantize_b_s=1.0 / topo.quant_rate,
         dp_overlap=0.5 if topo.device == "cuda" else 0.0,
-        pipeline_overlap=topo.pipeline_overlap, pipeline_overhead_s=topo.pipeline_overhead_s,
-        dense_step_s=dense_step_s, source=f"preset {topo.preset or 'file'}",
+        pipeline_overlap=topo.pipeline_overlap,
+        pipeline_overhead_s=topo.pipeline_overhead_s,
+        dense_step_s=dense_step_s,
+        source=f"preset {topo.preset or 'file'}",
     )
 
 
@@ -91,17 +102,20 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
     where = str(path)
     d = read_versioned(path, FORMAT, VERSION, "calibration file")
     if not isinstance(d.get("ops"), dict):
-        raise UserError(f"{where}: a calibration file needs \"ops\"")
+        raise UserError(f'{where}: a calibration file needs "ops"')
     for kind, op in d["ops"].items():
-        if not isinstance(op, dict) or not all(isinstance(op.get(k), (int, float)) for k in ("a_s", "b_s")):
+        if not isinstance(op, dict) or not all(
+            isinstance(op.get(k), (int, float)) for k in ("a_s", "b_s")
+        ):
             raise UserError(f"{where}: op {kind!r} needs numeric a_s and b_s")
         if not isinstance(op.get("sync_s", 0.0), (int, float)):
             raise UserError(f"{where}: op {kind!r}: sync_s must be a number")
     return d
 
 
-def coefficients(topo: Topology, calibration: dict[str, Any] | None = None,
-                 dense_step_s: float = 0.0) -> Coefficients:
+def coefficients(
+    topo: Topology, calibration: dict[str, Any] | None = None, dense_step_s: float = 0.0
+) -> Coefficients:
     """The preset's coefficients with the calibrated op kinds laid over them (same device kind only).
 
     Negative fitted slopes or intercepts (noise on few points) are clipped to 0 so that no option
@@ -116,7 +130,9 @@ def coefficients(topo: Topology, calibration: dict[str, Any] | None = None,
         # lookups are fitted per unit of `sparselift.kernels.lookup_work`; a fit in another unit
         # (an older calibration) would be read in the wrong unit, so the preset's value stays
         if kind in ops and (not kind.startswith("lookup") or ops[kind].get("x") == LOOKUP_UNIT):
-            fixed = float(ops[kind]["a_s"]) + float(ops[kind].get("sync_s", 0.0))  # sync: distributions
+            fixed = float(ops[kind]["a_s"]) + float(
+                ops[kind].get("sync_s", 0.0)
+            )  # sync: distributions
             kw[kind] = Linear(max(0.0, fixed), max(0.0, float(ops[kind]["b_s"])))
     if "qcomm_quantize" in ops:  # analysis may fit the fp16 conversion; else the preset's rate
         kw["quantize_b_s"] = max(0.0, float(ops["qcomm_quantize"]["b_s"]))
@@ -128,7 +144,9 @@ def coefficients(topo: Topology, calibration: dict[str, Any] | None = None,
         kw["dense_step_s"] = float(calibration["dense_step_s"])
     if "input_dist" in kw:  # bytes crossing hosts cost at least what they cost inside one
         kw["inter_host_b_s"] = max(base.inter_host_b_s, kw["input_dist"].b_s)
-    return base.replace(source=str(calibration.get("provenance", {}).get("profile", "calibration")), **kw)
+    return base.replace(
+        source=str(calibration.get("provenance", {}).get("profile", "calibration")), **kw
+    )
 
 
 def dense_step_estimate(spec: Any, topo: Topology, batch_size: int) -> float:
@@ -137,8 +155,9 @@ def dense_step_estimate(spec: Any, topo: Topology, batch_size: int) -> float:
     dims = [spec.dense_in_features, *m.dense_arch]
     params = sum(a * b for a, b in zip(dims, dims[1:]))
     n = len(spec.tables) + 1
-    over_in = m.dense_arch[-1] + (n * (n - 1) // 2 if m.interaction == "dot" else sum(
-        t.embedding_dim for t in spec.tables))
+    over_in = m.dense_arch[-1] + (
+        n * (n - 1) // 2 if m.interaction == "dot" else sum(t.embedding_dim for t in spec.tables)
+    )
     over = [over_in, *m.over_arch]
     params += sum(a * b for a, b in zip(over, over[1:]))
     return 6.0 * params * batch_size / topo.dense_flops

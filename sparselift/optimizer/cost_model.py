@@ -29,17 +29,25 @@ pipeline's extra batch of ids.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES, expected_unique, lookup_work
 from sparselift.optimizer.calibration import Coefficients
-from sparselift.optimizer.space import (CW, DENSE, DP, RW, TW, TWRW, UVM_CACHING, Choice, OptionClass)
+from sparselift.optimizer.space import CW, DENSE, DP, RW, TW, TWRW, UVM_CACHING, Choice, OptionClass
 from sparselift.optimizer.stats import TableStats
 from sparselift.optimizer.topology import Topology
 
-PHASES = ("input_dist", "lookup_fwd", "output_dist_fwd", "output_dist_bwd", "lookup_bwd", "dp_allreduce")
+PHASES = (
+    "input_dist",
+    "lookup_fwd",
+    "output_dist_fwd",
+    "output_dist_bwd",
+    "lookup_bwd",
+    "dp_allreduce",
+)
 COMPUTE_PHASES = ("lookup_fwd", "lookup_bwd")
 NV = len(PHASES) + 2  # phase times, then hbm and ddr bytes
 HBM, DDR = len(PHASES), len(PHASES) + 1
@@ -108,9 +116,13 @@ class PlanCost:
 
     def predicted(self) -> dict[str, Any]:
         """The plan file's `predicted` block."""
-        return {"step_time_s": self.step_time_s,
-                "per_rank": [{k: r[k] for k in ("rank", "compute_s", "comm_s", "memory_bytes")}
-                             for r in self.per_rank]}
+        return {
+            "step_time_s": self.step_time_s,
+            "per_rank": [
+                {k: r[k] for k in ("rank", "compute_s", "comm_s", "memory_bytes")}
+                for r in self.per_rank
+            ],
+        }
 
 
 def group_of(cls: OptionClass) -> tuple[str, str]:
@@ -154,18 +166,25 @@ class CostModel:
 
         def work(ids: float, uniq: float, cols: float, bags: float = W * B) -> dict[str, float]:
             dev = topo.device
-            return dict(fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols, bags * cols),
-                        bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols, bags * cols))
+            return dict(
+                fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols, bags * cols),
+                bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols, bags * cols),
+            )
 
         zero = Counts()
         if c.sharding_type == DP:
             hbm, ddr, _ = memory(N, d)
             ring = 2.0 * (W - 1) / W * N * d * FLOAT_BYTES
             grad = N * d * FLOAT_BYTES
-            own = Counts(lookup_x=B * p * d, dense_grad_x=N * d, **work(B * p, unique(B * p), d, B),
-                         ar_intra=ring if topo.num_hosts == 1 else 0.0,
-                         ar_inter=ring if topo.num_hosts > 1 else 0.0,
-                         hbm=hbm + (grad if gpu else 0.0), ddr=ddr + (0.0 if gpu else grad))
+            own = Counts(
+                lookup_x=B * p * d,
+                dense_grad_x=N * d,
+                **work(B * p, unique(B * p), d, B),
+                ar_intra=ring if topo.num_hosts == 1 else 0.0,
+                ar_inter=ring if topo.num_hosts > 1 else 0.0,
+                hbm=hbm + (grad if gpu else 0.0),
+                ddr=ddr + (0.0 if gpu else grad),
+            )
             return ClassCounts("all", W, own, zero, zero)
         if c.sharding_type in (TW, CW):
             cols = d / c.shards
@@ -174,32 +193,64 @@ class CostModel:
             out = B * cols * FLOAT_BYTES
             # the shard's rank receives every other rank's ids and gradients: with ids spread over
             # many owners, the receiving side is where an all-to-all is unbalanced
-            own = Counts(lookup_x=lx, miss_x=miss(lx), ids_intra=(L - 1) * idb, ids_inter=(W - L) * idb,
-                         out_fwd_intra=(L - 1) * out, out_fwd_inter=(W - L) * out,
-                         out_bwd_intra=(L - 1) * out, out_bwd_inter=(W - L) * out,
-                         dense_grad_x=dense_x, hbm=hbm, ddr=ddr, **work(W * B * p, unique(W * B * p), cols))
+            own = Counts(
+                lookup_x=lx,
+                miss_x=miss(lx),
+                ids_intra=(L - 1) * idb,
+                ids_inter=(W - L) * idb,
+                out_fwd_intra=(L - 1) * out,
+                out_fwd_inter=(W - L) * out,
+                out_bwd_intra=(L - 1) * out,
+                out_bwd_inter=(W - L) * out,
+                dense_grad_x=dense_x,
+                hbm=hbm,
+                ddr=ddr,
+                **work(W * B * p, unique(W * B * p), cols),
+            )
             return ClassCounts("rank", c.shards, own, zero, zero)
         if c.sharding_type == RW:
             hbm, ddr, dense_x = memory(N / W, d)
             out = B * d * FLOAT_BYTES
             lx = B * p * d
-            own = Counts(ids_intra=idb * (L - 1) / W, ids_inter=idb * (W - L) / W, lookup_x=lx, miss_x=miss(lx),
-                         out_fwd_intra=(L - 1) * out, out_fwd_inter=(W - L) * out,
-                         out_bwd_intra=(L - 1) * out, out_bwd_inter=(W - L) * out,
-                         dense_grad_x=dense_x, hbm=hbm, ddr=ddr, **work(B * p, unique(W * B * p) / W, d))
+            own = Counts(
+                ids_intra=idb * (L - 1) / W,
+                ids_inter=idb * (W - L) / W,
+                lookup_x=lx,
+                miss_x=miss(lx),
+                out_fwd_intra=(L - 1) * out,
+                out_fwd_inter=(W - L) * out,
+                out_bwd_intra=(L - 1) * out,
+                out_bwd_inter=(W - L) * out,
+                dense_grad_x=dense_x,
+                hbm=hbm,
+                ddr=ddr,
+                **work(B * p, unique(W * B * p) / W, d),
+            )
             if not gpu:  # gloo has no reduce-scatter: a ring all-reduce of the whole W·B·d output
-                own = replace(own, out_fwd_intra=2.0 * (W - 1) / W * W * out if topo.num_hosts == 1 else 0.0,
-                              out_fwd_inter=2.0 * (W - 1) / W * W * out if topo.num_hosts > 1 else 0.0)
+                own = replace(
+                    own,
+                    out_fwd_intra=2.0 * (W - 1) / W * W * out if topo.num_hosts == 1 else 0.0,
+                    out_fwd_inter=2.0 * (W - 1) / W * W * out if topo.num_hosts > 1 else 0.0,
+                )
             return ClassCounts("all", W, own, zero, zero)
         if c.sharding_type == TWRW:
             hbm, ddr, dense_x = memory(N / L, d)
             out = B * d * FLOAT_BYTES
             lx = W * B * p * d / L
             fwd_intra, fwd_inter = W * out * (L - 1) / L, (W - L) * out / L
-            own = Counts(ids_intra=idb * (L - 1) / L, lookup_x=lx, miss_x=miss(lx),
-                         **work(W * B * p / L, unique(W * B * p) / L, d),
-                         out_fwd_intra=fwd_intra, out_fwd_inter=fwd_inter,
-                         out_bwd_intra=fwd_intra, out_bwd_inter=0.0, dense_grad_x=dense_x, hbm=hbm, ddr=ddr)
+            own = Counts(
+                ids_intra=idb * (L - 1) / L,
+                lookup_x=lx,
+                miss_x=miss(lx),
+                **work(W * B * p / L, unique(W * B * p) / L, d),
+                out_fwd_intra=fwd_intra,
+                out_fwd_inter=fwd_inter,
+                out_bwd_intra=fwd_intra,
+                out_bwd_inter=0.0,
+                dense_grad_x=dense_x,
+                hbm=hbm,
+                ddr=ddr,
+            )
             remote = Counts(ids_inter=idb, out_bwd_inter=out)
             return ClassCounts("host", 1, own, remote, remote)
         raise ValueError(f"unknown sharding type {c.sharding_type}")
@@ -208,7 +259,9 @@ class CostModel:
     def terms(self, t: TableStats, c: OptionClass, g: Globals = Globals()) -> Terms:
         return self._terms(t, c, self.coeffs, g.forward, g.backward)
 
-    def _terms_uncached(self, t: TableStats, c: OptionClass, k: Coefficients, fwd: str, bwd: str) -> Terms:
+    def _terms_uncached(
+        self, t: TableStats, c: OptionClass, k: Coefficients, fwd: str, bwd: str
+    ) -> Terms:
         cc = self.counts(t, c)
         ff, fb = PRECISION_FACTOR[fwd], PRECISION_FACTOR[bwd]
 
@@ -226,9 +279,13 @@ class CostModel:
                 k.lookup_fwd.b_s * n.fwd_work + k.uvm_miss_b_s * n.miss_x,
                 out(n.out_fwd_intra, n.out_fwd_inter, k.output_dist_fwd.b_s, ff),
                 out(n.out_bwd_intra, n.out_bwd_inter, k.output_dist_bwd.b_s, fb),
-                k.lookup_bwd.b_s * n.bwd_work + k.uvm_miss_b_s * n.miss_x + k.dense_grad_b_s * n.dense_grad_x,
-                (1.0 - k.dp_overlap) * (k.dp_allreduce.b_s * n.ar_intra + k.inter_host_b_s * n.ar_inter),
-                n.hbm, n.ddr,
+                k.lookup_bwd.b_s * n.bwd_work
+                + k.uvm_miss_b_s * n.miss_x
+                + k.dense_grad_b_s * n.dense_grad_x,
+                (1.0 - k.dp_overlap)
+                * (k.dp_allreduce.b_s * n.ar_intra + k.inter_host_b_s * n.ar_inter),
+                n.hbm,
+                n.ddr,
             )
 
         return Terms(cc.located, cc.shards, vec(cc.own), vec(cc.remote_intra), vec(cc.remote_inter))
@@ -244,18 +301,30 @@ class CostModel:
             k.output_dist_fwd.a_s * len(types),
             k.output_dist_bwd.a_s * len(types),
             k.lookup_bwd.a_s * len(groups),
-            (1.0 - k.dp_overlap) * k.dp_allreduce.a_s * (1 if any(s == DP for s, _ in groups) else 0),
-            0.0, 0.0,
+            (1.0 - k.dp_overlap)
+            * k.dp_allreduce.a_s
+            * (1 if any(s == DP for s, _ in groups) else 0),
+            0.0,
+            0.0,
         )
 
     def pipeline_buffer_bytes(self, stats: Iterable[TableStats]) -> float:
         """The sparse-dist pipeline holds one more batch of ids per rank (all tables, as received)."""
-        return sum(self.batch_size * self.topo.world_size * (s.ids_per_sample * ID_BYTES + LENGTH_BYTES)
-                   for s in stats) / max(1, self.topo.world_size) * 2
+        return (
+            sum(
+                self.batch_size
+                * self.topo.world_size
+                * (s.ids_per_sample * ID_BYTES + LENGTH_BYTES)
+                for s in stats
+            )
+            / max(1, self.topo.world_size)
+            * 2
+        )
 
     # ------------------------------------------------------------------------------ evaluation
-    def rank_loads(self, stats: Mapping[str, TableStats], choices: Mapping[str, Choice],
-                   g: Globals = Globals()) -> list[list[float]]:
+    def rank_loads(
+        self, stats: Mapping[str, TableStats], choices: Mapping[str, Choice], g: Globals = Globals()
+    ) -> list[list[float]]:
         """Per rank: phase seconds (no intercepts) and memory bytes, summed over tables."""
         topo = self.topo
         W, L = topo.world_size, topo.local_world_size
@@ -279,25 +348,45 @@ class CostModel:
                             _add(loads[q], tm.remote_inter)
         return loads
 
-    def evaluate(self, stats: Mapping[str, TableStats], choices: Mapping[str, Choice],
-                 g: Globals = Globals()) -> PlanCost:
+    def evaluate(
+        self, stats: Mapping[str, TableStats], choices: Mapping[str, Choice], g: Globals = Globals()
+    ) -> PlanCost:
         loads = self.rank_loads(stats, choices, g)
         icpt = self.intercepts(group_of(ch.cls) for ch in choices.values())
         k = self.coeffs
         phases = {ph: max(l[i] for l in loads) + icpt[i] for i, ph in enumerate(PHASES)}
-        buffer = self.pipeline_buffer_bytes(stats[n] for n in choices) if g.pipeline == "sparse-dist" else 0.0
+        buffer = (
+            self.pipeline_buffer_bytes(stats[n] for n in choices)
+            if g.pipeline == "sparse-dist"
+            else 0.0
+        )
         if g.pipeline == "sparse-dist":
-            phases["input_dist"] = (1.0 - k.pipeline_overlap) * phases["input_dist"] + k.pipeline_overhead_s
+            phases["input_dist"] = (1.0 - k.pipeline_overlap) * phases[
+                "input_dist"
+            ] + k.pipeline_overhead_s
         step = k.dense_step_s + sum(phases.values())
         mem_index = HBM if self.topo.device == "cuda" else DDR
         per_rank = []
         for q, l in enumerate(loads):
             compute = sum(l[PHASES.index(p)] + icpt[PHASES.index(p)] for p in COMPUTE_PHASES)
             comm = sum(l[i] + icpt[i] for i, p in enumerate(PHASES) if p not in COMPUTE_PHASES)
-            per_rank.append({"rank": q, "compute_s": compute + k.dense_step_s, "comm_s": comm,
-                             "memory_bytes": int(l[mem_index] + buffer), "hbm_bytes": int(l[HBM]),
-                             "ddr_bytes": int(l[DDR] + (0 if mem_index == HBM else buffer))})
-        return PlanCost(step_time_s=step, phases_s=phases, per_rank=per_rank, dense_step_s=k.dense_step_s, globals=g)
+            per_rank.append(
+                {
+                    "rank": q,
+                    "compute_s": compute + k.dense_step_s,
+                    "comm_s": comm,
+                    "memory_bytes": int(l[mem_index] + buffer),
+                    "hbm_bytes": int(l[HBM]),
+                    "ddr_bytes": int(l[DDR] + (0 if mem_index == HBM else buffer)),
+                }
+            )
+        return PlanCost(
+            step_time_s=step,
+            phases_s=phases,
+            per_rank=per_rank,
+            dense_step_s=k.dense_step_s,
+            globals=g,
+        )
 
 
 def _add(acc: list[float], v: Vec) -> None:
@@ -305,8 +394,13 @@ def _add(acc: list[float], v: Vec) -> None:
         acc[i] += x
 
 
-def predict_plan(plan: Any, stats: list[TableStats], calibration: Any, topology: Topology,
-                 batch_size: int | None = None) -> PlanCost:
+def predict_plan(
+    plan: Any,
+    stats: list[TableStats],
+    calibration: Any,
+    topology: Topology,
+    batch_size: int | None = None,
+) -> PlanCost:
     """Per-rank costs and step time of any plan (Plan, plan dict or path) under SparseLift's model.
 
     `calibration`: a calibration.json dict, a Coefficients, or None (the topology preset's defaults).
@@ -318,9 +412,17 @@ def predict_plan(plan: Any, stats: list[TableStats], calibration: Any, topology:
 
     if not isinstance(plan, (dict, plans.Plan)):
         plan = plans.load(plan)
-    coeffs = calibration if isinstance(calibration, Coefficients) else coefficients(topology, calibration)
+    coeffs = (
+        calibration
+        if isinstance(calibration, Coefficients)
+        else coefficients(topology, calibration)
+    )
     if batch_size is None:
-        batch_size = int((calibration or {}).get("batch_size", 512)) if isinstance(calibration, dict) else 512
+        batch_size = (
+            int((calibration or {}).get("batch_size", 512))
+            if isinstance(calibration, dict)
+            else 512
+        )
     choices, g = choices_from_plan(plan, topology)
     by_name = {s.name: s for s in stats}
     missing = [n for n in choices if n not in by_name]

@@ -6,7 +6,8 @@ plan the optimizer writes is the sharding TorchRec would construct for that opti
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from sparselift import plans
 from sparselift.errors import UserError
@@ -34,31 +35,65 @@ def table_plan(t: TableStats, ch: Choice, topo: Topology) -> plans.TablePlan:
         shards = [plans.Shard(rank=ranks[0], offsets=(0, 0), sizes=(n, d))]
     elif c.sharding_type == CW:
         cols = d // c.shards
-        shards = [plans.Shard(rank=r, offsets=(0, i * cols), sizes=(n, cols)) for i, r in enumerate(ranks)]
+        shards = [
+            plans.Shard(rank=r, offsets=(0, i * cols), sizes=(n, cols)) for i, r in enumerate(ranks)
+        ]
     else:  # RW, TWRW
         shards = _row_blocks(n, ranks, d)
-    return plans.TablePlan(name=t.name, sharding_type=c.sharding_type, compute_kernel=c.kernel, ranks=ranks,
-                           shards=shards, cache_load_factor=c.cache_load_factor)
+    return plans.TablePlan(
+        name=t.name,
+        sharding_type=c.sharding_type,
+        compute_kernel=c.kernel,
+        ranks=ranks,
+        shards=shards,
+        cache_load_factor=c.cache_load_factor,
+    )
 
 
 def fingerprints(stats: list[TableStats]) -> list[plans.TableFingerprint]:
-    return [plans.TableFingerprint(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
-                                   feature_names=tuple(t.feature_names or (t.name,))) for t in stats]
+    return [
+        plans.TableFingerprint(
+            name=t.name,
+            num_embeddings=t.num_embeddings,
+            embedding_dim=t.embedding_dim,
+            feature_names=tuple(t.feature_names or (t.name,)),
+        )
+        for t in stats
+    ]
 
 
 def plan_topology(topo: Topology) -> plans.PlanTopology:
-    return plans.PlanTopology(world_size=topo.world_size, local_world_size=topo.local_world_size,
-                              device=topo.device, preset=topo.preset)
+    return plans.PlanTopology(
+        world_size=topo.world_size,
+        local_world_size=topo.local_world_size,
+        device=topo.device,
+        preset=topo.preset,
+    )
 
 
-def to_plan(stats: list[TableStats], choices: Mapping[str, Choice], topo: Topology, g: Globals, *,
-            predicted: dict[str, Any] | None = None, solver: dict[str, Any] | None = None,
-            provenance: dict[str, Any] | None = None, module: str | None = None) -> plans.Plan:
-    plan = plans.Plan(model=fingerprints(stats), topology=plan_topology(topo),
-                      tables=[table_plan(t, choices[t.name], topo) for t in stats],
-                      comm_precision=plans.CommPrecision(forward=g.forward, backward=g.backward),
-                      pipeline=g.pipeline, module=module, predicted=predicted, solver=solver,
-                      provenance=provenance, source="<sparselift optimize>")
+def to_plan(
+    stats: list[TableStats],
+    choices: Mapping[str, Choice],
+    topo: Topology,
+    g: Globals,
+    *,
+    predicted: dict[str, Any] | None = None,
+    solver: dict[str, Any] | None = None,
+    provenance: dict[str, Any] | None = None,
+    module: str | None = None,
+) -> plans.Plan:
+    plan = plans.Plan(
+        model=fingerprints(stats),
+        topology=plan_topology(topo),
+        tables=[table_plan(t, choices[t.name], topo) for t in stats],
+        comm_precision=plans.CommPrecision(forward=g.forward, backward=g.backward),
+        pipeline=g.pipeline,
+        module=module,
+        predicted=predicted,
+        solver=solver,
+        provenance=provenance,
+        source="<sparselift optimize>",
+    )
     return plans.Plan.from_dict(plan.to_dict(), plan.source)
 
 
@@ -82,10 +117,18 @@ def choices_from_plan(plan: Any, topo: Topology) -> tuple[dict[str, Choice], Glo
         elif st == RW:
             ch = Choice(OptionClass(RW, t.compute_kernel, topo.world_size, t.cache_share))
         elif st == TWRW:
-            ch = Choice(OptionClass(TWRW, t.compute_kernel, topo.local_world_size, t.cache_share),
-                        host=t.ranks[0] // topo.local_world_size)
+            ch = Choice(
+                OptionClass(TWRW, t.compute_kernel, topo.local_world_size, t.cache_share),
+                host=t.ranks[0] // topo.local_world_size,
+            )
         else:
-            raise UserError(f"{plan.source}: table {t.name!r}: sharding type {st!r} is not priced by the optimizer")
+            raise UserError(
+                f"{plan.source}: table {t.name!r}: sharding type {st!r} is not priced by the optimizer"
+            )
         out[t.name] = ch
-    g = Globals(forward=plan.comm_precision.forward, backward=plan.comm_precision.backward, pipeline=plan.pipeline)
+    g = Globals(
+        forward=plan.comm_precision.forward,
+        backward=plan.comm_precision.backward,
+        pipeline=plan.pipeline,
+    )
     return out, g

@@ -41,14 +41,23 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import numpy as np
 from ortools.sat.python import cp_model
 
 from sparselift.errors import UserError
-from sparselift.optimizer.cost_model import DDR, HBM, NV, PHASES, CostModel, Globals, Terms, group_of
+from sparselift.optimizer.cost_model import (
+    DDR,
+    HBM,
+    NV,
+    PHASES,
+    CostModel,
+    Globals,
+    Terms,
+    group_of,
+)
 from sparselift.optimizer.space import DP, Choice, OptionClass
 from sparselift.optimizer.stats import TableStats
 
@@ -137,7 +146,9 @@ def _common(p: Problem, m: cp_model.CpModel, use: dict) -> tuple[list, cp_model.
     a_type = [k.input_dist.a_s, 0.0, k.output_dist_fwd.a_s, k.output_dist_bwd.a_s, 0.0, 0.0]
     a_group = [0.0, k.lookup_fwd.a_s, 0.0, 0.0, k.lookup_bwd.a_s, 0.0]
     for i in range(len(PHASES)):
-        icpt[i] = sum(_ns(a_type[i]) * tv for tv in types.values()) + sum(_ns(a_group[i]) * gv for gv in groups.values())
+        icpt[i] = sum(_ns(a_type[i]) * tv for tv in types.values()) + sum(
+            _ns(a_group[i]) * gv for gv in groups.values()
+        )
     dp = [gv for (st, _), gv in groups.items() if st == DP]
     if dp:
         icpt[PHASES.index("dp_allreduce")] += _ns((1 - k.dp_overlap) * k.dp_allreduce.a_s) * dp[0]
@@ -145,8 +156,14 @@ def _common(p: Problem, m: cp_model.CpModel, use: dict) -> tuple[list, cp_model.
     return icpt, sparse_dist, list(groups.values())
 
 
-def _objective(p: Problem, m: cp_model.CpModel, phase_ub: list[int], row_exprs: Callable[[int], list],
-               sparse_dist, n_rows: int) -> tuple[list, float]:
+def _objective(
+    p: Problem,
+    m: cp_model.CpModel,
+    phase_ub: list[int],
+    row_exprs: Callable[[int], list],
+    sparse_dist,
+    n_rows: int,
+) -> tuple[list, float]:
     """Phase max variables ≥ every row's expression; the objective; returns (P vars, constant)."""
     k = p.model.coeffs
     P = [m.NewIntVar(0, max(1, phase_ub[i]), f"phase_max[{ph}]") for i, ph in enumerate(PHASES)]
@@ -161,7 +178,9 @@ def _objective(p: Problem, m: cp_model.CpModel, phase_ub: list[int], row_exprs: 
     return P, k.dense_step_s
 
 
-def _memory(p: Problem, m: cp_model.CpModel, exprs: list, sparse_dist, q: int, scale: int = 1) -> None:
+def _memory(
+    p: Problem, m: cp_model.CpModel, exprs: list, sparse_dist, q: int, scale: int = 1
+) -> None:
     hbm_cap, ddr_cap = _caps(p)
     buf = int(math.ceil(p.model.pipeline_buffer_bytes(p.stats)))
     gpu = p.topo.device == "cuda"
@@ -174,7 +193,9 @@ def placements(p: Problem) -> int:
     n = 0
     for s in p.stats:
         for c in p.classes[s.name]:
-            n += t.world_size if c.located == "rank" else (t.num_hosts if c.located == "host" else 1)
+            n += (
+                t.world_size if c.located == "rank" else (t.num_hosts if c.located == "host" else 1)
+            )
     return n
 
 
@@ -204,7 +225,9 @@ def build_exact(p: Problem) -> Built:
     host_part = [[[] for _ in range(NV)] for _ in range(H)]
     own_part = [[[] for _ in range(NV)] for _ in range(W)]
     ub = [0.0] * NV
-    single: list[dict[str, list]] = [{} for _ in PHASES]  # per phase and table: its shard rank's extra load
+    single: list[dict[str, list]] = [
+        {} for _ in PHASES
+    ]  # per phase and table: its shard rank's extra load
     for s in p.stats:
         worst = [0.0] * NV
         for c in p.classes[s.name]:
@@ -228,7 +251,9 @@ def build_exact(p: Problem) -> Built:
                     uniform[i].append(int(round(c.shards * tm.remote_inter[i] * scale[i])) * v)
                     dh = int(round((tm.remote_intra[i] - tm.remote_inter[i]) * scale[i]))
                     do = int(round((tm.own[i] - tm.remote_intra[i]) * scale[i]))
-                    extra = do + (min(dh, 0) if H > 1 else 0)  # the shard's rank, same-host terms included
+                    extra = do + (
+                        min(dh, 0) if H > 1 else 0
+                    )  # the shard's rank, same-host terms included
                     if extra > 0 and i < len(PHASES):
                         single[i].setdefault(s.name, []).append(extra * v)
                     for r in range(W):
@@ -237,10 +262,19 @@ def build_exact(p: Problem) -> Built:
                         if do:
                             own_part[r][i].append(do * place[s.name, c, r])
                     if H == 1:  # every placed shard is on this host: fold the host term in
-                        uniform[i].append(int(round(c.shards * (tm.remote_intra[i] - tm.remote_inter[i])
-                                                    * scale[i])) * v)
+                        uniform[i].append(
+                            int(
+                                round(
+                                    c.shards * (tm.remote_intra[i] - tm.remote_inter[i]) * scale[i]
+                                )
+                            )
+                            * v
+                        )
             for i in range(NV):
-                worst[i] = max(worst[i], c.shards * max(tm.own[i], tm.remote_intra[i], tm.remote_inter[i]) * scale[i])
+                worst[i] = max(
+                    worst[i],
+                    c.shards * max(tm.own[i], tm.remote_intra[i], tm.remote_inter[i]) * scale[i],
+                )
         for i in range(NV):
             ub[i] += worst[i]
     shared = []
@@ -249,13 +283,24 @@ def build_exact(p: Problem) -> Built:
         m.Add(sv == sum(uniform[i]))
         shared.append(sv)
     k = p.model.coeffs
-    a_ub = _ns(max(k.input_dist.a_s, k.lookup_fwd.a_s, k.output_dist_fwd.a_s, k.output_dist_bwd.a_s,
-                   k.lookup_bwd.a_s, k.dp_allreduce.a_s)) * (len(use) + 4)
+    a_ub = _ns(
+        max(
+            k.input_dist.a_s,
+            k.lookup_fwd.a_s,
+            k.output_dist_fwd.a_s,
+            k.output_dist_bwd.a_s,
+            k.lookup_bwd.a_s,
+            k.dp_allreduce.a_s,
+        )
+    ) * (len(use) + 4)
     phase_ub = [int(ub[i]) + a_ub + 1 for i in range(len(PHASES))]
 
     def rank_exprs(q: int) -> list:
         h = q // L
-        return [shared[i] + sum(host_part[h][i]) + sum(own_part[q][i]) + icpt[i] for i in range(len(PHASES))]
+        return [
+            shared[i] + sum(host_part[h][i]) + sum(own_part[q][i]) + icpt[i]
+            for i in range(len(PHASES))
+        ]
 
     P, _ = _objective(p, m, phase_ub, rank_exprs, sparse_dist, W)
     # implied cuts that tighten the relaxation: the rank holding a table's (largest) shard carries at
@@ -298,10 +343,17 @@ def read_exact(p: Problem, b: Built, solver: cp_model.CpSolver) -> dict[str, Cho
     for s in p.stats:
         c = next(c for c in p.classes[s.name] if solver.Value(b.use[s.name, c]))
         if c.located == "rank":
-            ranks = tuple(r for r in range(p.topo.world_size) if solver.Value(b.place[s.name, c, r]))
+            ranks = tuple(
+                r for r in range(p.topo.world_size) if solver.Value(b.place[s.name, c, r])
+            )
             out[s.name] = Choice(c, ranks=ranks)
         elif c.located == "host":
-            out[s.name] = Choice(c, host=next(h for h in range(p.topo.num_hosts) if solver.Value(b.place[s.name, c, h])))
+            out[s.name] = Choice(
+                c,
+                host=next(
+                    h for h in range(p.topo.num_hosts) if solver.Value(b.place[s.name, c, h])
+                ),
+            )
         else:
             out[s.name] = Choice(c)
     return out
@@ -312,7 +364,11 @@ def build_aggregate(p: Problem) -> Built:
     topo = p.topo
     W, L = topo.world_size, topo.local_world_size
     m = cp_model.CpModel()
-    use = {(s.name, c): m.NewBoolVar(f"use[{s.name}|{c.label}]") for s in p.stats for c in p.classes[s.name]}
+    use = {
+        (s.name, c): m.NewBoolVar(f"use[{s.name}|{c.label}]")
+        for s in p.stats
+        for c in p.classes[s.name]
+    }
     icpt, sparse_dist, _ = _common(p, m, use)
     avg = [[] for _ in range(NV)]  # Σ over ranks of the load, ×1 (divided by W below)
     ub = [0.0] * NV
@@ -333,8 +389,16 @@ def build_aggregate(p: Problem) -> Built:
         for i in range(NV):
             ub[i] += worst[i]
     k = p.model.coeffs
-    a_ub = _ns(max(k.input_dist.a_s, k.lookup_fwd.a_s, k.output_dist_fwd.a_s, k.output_dist_bwd.a_s,
-                   k.lookup_bwd.a_s, k.dp_allreduce.a_s)) * (len(use) + 4)
+    a_ub = _ns(
+        max(
+            k.input_dist.a_s,
+            k.lookup_fwd.a_s,
+            k.output_dist_fwd.a_s,
+            k.output_dist_bwd.a_s,
+            k.lookup_bwd.a_s,
+            k.dp_allreduce.a_s,
+        )
+    ) * (len(use) + 4)
     phase_ub = [int(ub[i]) + a_ub + 1 for i in range(len(PHASES))]
 
     # P·W ≥ Σ_ranks load  ⇔  P ≥ the average rank's load; W on the left keeps it integral
@@ -361,7 +425,13 @@ def build_aggregate(p: Problem) -> Built:
     if p.hint:
         _add_hint(p, m, use, {}, sparse_dist)
     else:  # without a warm start CP-SAT may spend its budget before a first solution: start it
-        _add_hint(p.__class__(p.stats, p.model, p.globals, p.classes, cheapest_average(p)), m, use, {}, sparse_dist)
+        _add_hint(
+            p.__class__(p.stats, p.model, p.globals, p.classes, cheapest_average(p)),
+            m,
+            use,
+            {},
+            sparse_dist,
+        )
     return Built(m, use, {}, sparse_dist, k.dense_step_s)
 
 
@@ -371,7 +441,10 @@ def _over_ranks(tm: Terms, c: OptionClass, W: int, L: int) -> list[float]:
         return [W * x for x in tm.own]
     if tm.located == "host":
         return [L * o + (W - L) * r for o, r in zip(tm.own, tm.remote_inter)]
-    return [c.shards * (o + (L - 1) * ri + (W - L) * re) for o, ri, re in zip(tm.own, tm.remote_intra, tm.remote_inter)]
+    return [
+        c.shards * (o + (L - 1) * ri + (W - L) * re)
+        for o, ri, re in zip(tm.own, tm.remote_intra, tm.remote_inter)
+    ]
 
 
 def cheapest_average(p: Problem) -> dict[str, Choice]:
@@ -380,9 +453,11 @@ def cheapest_average(p: Problem) -> dict[str, Choice]:
     W, L = topo.world_size, topo.local_world_size
     out = {}
     for s in p.stats:
+
         def key(c: OptionClass) -> tuple:
             tot = _over_ranks(p.terms(s.name, c), c, W, L)
-            return (sum(tot[:len(PHASES)]), tot[HBM] + tot[DDR], c)
+            return (sum(tot[: len(PHASES)]), tot[HBM] + tot[DDR], c)
+
         out[s.name] = Choice(min(p.classes[s.name], key=key))
     return out
 
@@ -417,16 +492,20 @@ def place_greedy(p: Problem, classes: Mapping[str, OptionClass]) -> dict[str, Ch
         if c.located == "host":
             best = None
             for h in range(H):
-                block = loads[h * L:(h + 1) * L] + (own - re)
+                block = loads[h * L : (h + 1) * L] + (own - re)
                 if (block[:, HBM:] > cap).any():
                     continue
                 newmax = np.maximum(curmax, block[:, :nph].max(axis=0))
-                key = (round(float(newmax.sum()), 12), round(float((block[:, :nph] / norm).sum()), 9), h)
+                key = (
+                    round(float(newmax.sum()), 12),
+                    round(float((block[:, :nph] / norm).sum()), 9),
+                    h,
+                )
                 best = min(best, key) if best else key
             if best is None:
                 raise UserError(f"table {name!r}: no host has memory left for {c.label}")
             h = best[2]
-            loads[h * L:(h + 1) * L] += own - re
+            loads[h * L : (h + 1) * L] += own - re
             out[name] = Choice(c, host=h)
             continue
         dh, do = ri - re, own - ri
@@ -443,7 +522,7 @@ def place_greedy(p: Problem, classes: Mapping[str, OptionClass]) -> dict[str, Ch
         order = np.lexsort((np.arange(W), np.round(balance, 9), np.round(score, 12)))
         r = int(next(x for x in order if ok[x]))
         if H > 1:
-            loads[(r // L) * L:(r // L + 1) * L] += dh
+            loads[(r // L) * L : (r // L + 1) * L] += dh
         else:
             loads += dh
         loads[r] += do
@@ -453,8 +532,9 @@ def place_greedy(p: Problem, classes: Mapping[str, OptionClass]) -> dict[str, Ch
     return out
 
 
-def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str = "base",
-                      max_scans: int = 10) -> dict[str, Choice]:
+def improve_placement(
+    p: Problem, choices: Mapping[str, Choice], pipeline: str = "base", max_scans: int = 10
+) -> dict[str, Choice]:
     """Local search over where rank-placed shards sit: move a shard to another rank, or swap it with
     a shard on another rank, while that lowers the step's Σ_phase max_rank load (input_dist weighted
     by what the pipeline leaves exposed), or keeps it and flattens the loads (Σ of squared phase
@@ -490,7 +570,13 @@ def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str =
             movable.append((name, ch, np.array(tm.own)))
     if not movable:
         return dict(choices)
-    rows = sorted(((-float(own[:nph].sum()), t, r) for t, (_, ch, own) in enumerate(movable) for r in ch.ranks))
+    rows = sorted(
+        (
+            (-float(own[:nph].sum()), t, r)
+            for t, (_, ch, own) in enumerate(movable)
+            for r in ch.ranks
+        )
+    )
     tab = np.array([t for _, t, _ in rows])
     rank = np.array([r for _, _, r in rows])
     own = np.array([movable[t][2] for t in tab])
@@ -521,17 +607,36 @@ def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str =
                 if not ok.any():
                     continue
                 step = (wt * _max_after(ph, r, q, new_r[:, :nph], new_q[:, :nph])).sum(axis=1)
-                dsq = (wt * (new_r[:, :nph] ** 2 - ph[r] ** 2 + new_q[:, :nph] ** 2 - ph[q] ** 2) / norm ** 2).sum(axis=1)
+                dsq = (
+                    wt
+                    * (new_r[:, :nph] ** 2 - ph[r] ** 2 + new_q[:, :nph] ** 2 - ph[q] ** 2)
+                    / norm**2
+                ).sum(axis=1)
                 cur_step, tot, cur_tot = (wt * phmax).sum(), np.zeros(len(q)), 0.0
                 if by_total:
                     totals = ph @ wt
-                    tot, cur_tot = _max_after(totals, r, q, new_r[:, :nph] @ wt, new_q[:, :nph] @ wt), totals.max()
-                better = ok & (less(step, cur_step) | same(step, cur_step) & (
-                    less(tot, cur_tot) | same(tot, cur_tot) & (dsq < -1e-9)))
+                    tot, cur_tot = (
+                        _max_after(totals, r, q, new_r[:, :nph] @ wt, new_q[:, :nph] @ wt),
+                        totals.max(),
+                    )
+                better = ok & (
+                    less(step, cur_step)
+                    | same(step, cur_step)
+                    & (less(tot, cur_tot) | same(tot, cur_tot) & (dsq < -1e-9))
+                )
                 if not better.any():
                     continue
-                k = int(min(np.flatnonzero(better),
-                            key=lambda x: (round(float(step[x]), 15), round(float(tot[x]), 15), round(float(dsq[x]), 12), x)))
+                k = int(
+                    min(
+                        np.flatnonzero(better),
+                        key=lambda x: (
+                            round(float(step[x]), 15),
+                            round(float(tot[x]), 15),
+                            round(float(dsq[x]), 12),
+                            x,
+                        ),
+                    )
+                )
                 dest = int(q[k])
                 loads[r] = new_r[k]
                 loads[dest] = new_q[k]
@@ -550,7 +655,9 @@ def improve_placement(p: Problem, choices: Mapping[str, Choice], pipeline: str =
     return out
 
 
-def _max_after(vals: np.ndarray, r: int, q: np.ndarray, new_r: np.ndarray, new_q: np.ndarray) -> np.ndarray:
+def _max_after(
+    vals: np.ndarray, r: int, q: np.ndarray, new_r: np.ndarray, new_q: np.ndarray
+) -> np.ndarray:
     """Max over ranks of `vals` (ranks, or ranks × columns) once rank r takes `new_r` and rank q[i]
     takes `new_q[i]`, for every candidate i at once: from the top 3 ranks, only two of them change."""
     v = vals.reshape(len(vals), -1)
@@ -577,43 +684,89 @@ class Progress(cp_model.CpSolverSolutionCallback):
         if self.out:
             obj = self.ObjectiveValue() / NS + self.constant_s
             bound = self.BestObjectiveBound() / NS + self.constant_s
-            self.out(f"  solution {self.n}: step {obj * 1e3:.3f} ms, bound {bound * 1e3:.3f} ms, "
-                     f"{self.WallTime():.1f} s")
+            self.out(
+                f"  solution {self.n}: step {obj * 1e3:.3f} ms, bound {bound * 1e3:.3f} ms, "
+                f"{self.WallTime():.1f} s"
+            )
 
 
-def solve(p: Problem, *, time_limit_s: float = 30.0, seed: int = 0, workers: int = 1, mode: str = "auto",
-          progress: Callable[[str], None] | None = None) -> Solution:
+def solve(
+    p: Problem,
+    *,
+    time_limit_s: float = 30.0,
+    seed: int = 0,
+    workers: int = 1,
+    mode: str = "auto",
+    progress: Callable[[str], None] | None = None,
+) -> Solution:
     """`auto`: decomposed first (fast, always finds a plan); where the exact model is small enough,
     then exact with the better of that plan and the caller's hint as warm start, keeping the better."""
     if mode != "auto":
-        return solve_once(p, time_limit_s=time_limit_s, seed=seed, workers=workers, mode=mode, progress=progress)
+        return solve_once(
+            p, time_limit_s=time_limit_s, seed=seed, workers=workers, mode=mode, progress=progress
+        )
     if placements(p) > EXACT_MAX_PLACEMENTS:
-        return solve_once(p, time_limit_s=time_limit_s, seed=seed, workers=workers, mode="decomposed",
-                          progress=progress)
+        return solve_once(
+            p,
+            time_limit_s=time_limit_s,
+            seed=seed,
+            workers=workers,
+            mode="decomposed",
+            progress=progress,
+        )
     try:
-        first = solve_once(p, time_limit_s=0.3 * time_limit_s, seed=seed, workers=workers, mode="decomposed",
-                           progress=progress)
-    except UserError:  # the decomposition's greedy placement or memory margin found no room: exact may
-        return solve_once(p, time_limit_s=time_limit_s, seed=seed, workers=workers, mode="exact",
-                          progress=progress)
+        first = solve_once(
+            p,
+            time_limit_s=0.3 * time_limit_s,
+            seed=seed,
+            workers=workers,
+            mode="decomposed",
+            progress=progress,
+        )
+    except (
+        UserError
+    ):  # the decomposition's greedy placement or memory margin found no room: exact may
+        return solve_once(
+            p,
+            time_limit_s=time_limit_s,
+            seed=seed,
+            workers=workers,
+            mode="exact",
+            progress=progress,
+        )
     g = lambda s: Globals(p.globals.forward, p.globals.backward, s.pipeline)  # noqa: E731
     first_cost = p.model.evaluate(p.by_name, first.choices, g(first)).step_time_s
     hint = first.choices
     if p.hint is not None:
-        hint_cost = p.model.evaluate(p.by_name, p.hint, Globals(p.globals.forward, p.globals.backward)).step_time_s
+        hint_cost = p.model.evaluate(
+            p.by_name, p.hint, Globals(p.globals.forward, p.globals.backward)
+        ).step_time_s
         if all(ch.cls in p.classes[n] for n, ch in p.hint.items()) and hint_cost < first_cost:
             hint = p.hint
     try:
-        exact = solve_once(Problem(p.stats, p.model, p.globals, p.classes, hint), time_limit_s=0.7 * time_limit_s,
-                           seed=seed, workers=workers, mode="exact", progress=progress)
+        exact = solve_once(
+            Problem(p.stats, p.model, p.globals, p.classes, hint),
+            time_limit_s=0.7 * time_limit_s,
+            seed=seed,
+            workers=workers,
+            mode="exact",
+            progress=progress,
+        )
     except UserError:
         return first
     exact_cost = p.model.evaluate(p.by_name, exact.choices, g(exact)).step_time_s
     return exact if exact_cost <= first_cost else first
 
 
-def solve_once(p: Problem, *, time_limit_s: float, seed: int, workers: int, mode: str,
-               progress: Callable[[str], None] | None = None) -> Solution:
+def solve_once(
+    p: Problem,
+    *,
+    time_limit_s: float,
+    seed: int,
+    workers: int,
+    mode: str,
+    progress: Callable[[str], None] | None = None,
+) -> Solution:
     """Build (exact or decomposed), solve deterministically, read the answer out into choices."""
     t0 = time.perf_counter()
     built = build_exact(p) if mode == "exact" else build_aggregate(p)
@@ -629,20 +782,34 @@ def solve_once(p: Problem, *, time_limit_s: float, seed: int, workers: int, mode
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if status == cp_model.INFEASIBLE:
             raise UserError("no plan fits the topology's memory with the available options")
-        raise UserError(f"the solver found no plan within {time_limit_s:g} s (status {name}); raise --time-limit")
+        raise UserError(
+            f"the solver found no plan within {time_limit_s:g} s (status {name}); raise --time-limit"
+        )
     pipeline = "sparse-dist" if solver.Value(built.sparse_dist) else "base"
     if mode == "exact":
         choices = read_exact(p, built, solver)
         if name != "OPTIMAL":
             choices = improve_placement(p, choices, pipeline)
     else:
-        classes = {s.name: next(c for c in p.classes[s.name] if solver.Value(built.use[s.name, c])) for s in p.stats}
+        classes = {
+            s.name: next(c for c in p.classes[s.name] if solver.Value(built.use[s.name, c]))
+            for s in p.stats
+        }
         choices = improve_placement(p, place_greedy(p, classes), pipeline)
-        name = "FEASIBLE" if name == "OPTIMAL" else name  # optimal for the relaxation, not the placement
+        name = (
+            "FEASIBLE" if name == "OPTIMAL" else name
+        )  # optimal for the relaxation, not the placement
     if solver.WallTime() >= prm.max_time_in_seconds - 0.5:
         name += "_WALL_LIMIT"
-    return Solution(choices=choices, pipeline=pipeline,
-                    status=name, objective_s=solver.ObjectiveValue() / NS + built.constant_s,
-                    bound_s=solver.BestObjectiveBound() / NS + built.constant_s,
-                    det_time_s=solver.deterministic_time, wall_s=time.perf_counter() - t0, mode=mode,
-                    seed=seed, workers=workers)
+    return Solution(
+        choices=choices,
+        pipeline=pipeline,
+        status=name,
+        objective_s=solver.ObjectiveValue() / NS + built.constant_s,
+        bound_s=solver.BestObjectiveBound() / NS + built.constant_s,
+        det_time_s=solver.deterministic_time,
+        wall_s=time.perf_counter() - t0,
+        mode=mode,
+        seed=seed,
+        workers=workers,
+    )

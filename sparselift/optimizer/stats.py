@@ -36,7 +36,10 @@ class TableStats:
             return 1.0
         if self.top1pct_share is not None and self.top10pct_share is not None:
             # power law through the two measured points: share = s1 * (fraction / 0.01) ** k
-            s1, s10 = max(self.top1pct_share, 1e-9), max(self.top10pct_share, self.top1pct_share, 1e-9)
+            s1, s10 = (
+                max(self.top1pct_share, 1e-9),
+                max(self.top10pct_share, self.top1pct_share, 1e-9),
+            )
             k = math.log10(s10 / s1)
             return min(1.0, s1 * (fraction / 0.01) ** k)
         return zipf_share(self.num_embeddings, self.zipf_alpha, fraction)
@@ -45,9 +48,17 @@ class TableStats:
 def stats_from_spec(spec: WorkloadSpec) -> list[TableStats]:
     if not spec.tables:
         raise UserError(f"{spec.source or spec.name}: the workload has no tables")
-    return [TableStats(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
-                       ids_per_sample=t.pooling_factor * len(t.features), zipf_alpha=t.zipf_alpha,
-                       feature_names=tuple(t.features)) for t in spec.tables]
+    return [
+        TableStats(
+            name=t.name,
+            num_embeddings=t.num_embeddings,
+            embedding_dim=t.embedding_dim,
+            ids_per_sample=t.pooling_factor * len(t.features),
+            zipf_alpha=t.zipf_alpha,
+            feature_names=tuple(t.features),
+        )
+        for t in spec.tables
+    ]
 
 
 def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
@@ -56,12 +67,16 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
 
     path = Path(profile_dir, "access_stats.parquet")
     if not path.is_file():
-        raise UserError(f"{profile_dir}: no access_stats.parquet (run `sparselift profile` to make a profile)")
+        raise UserError(
+            f"{profile_dir}: no access_stats.parquet (run `sparselift profile` to make a profile)"
+        )
     df = pd.read_parquet(path)
     need = {"table", "num_embeddings", "embedding_dim", "batch_size", "ids"}
     missing = sorted(need - set(df.columns))
     if missing or df.empty:
-        raise UserError(f"{path}: missing columns {', '.join(missing)}" if missing else f"{path}: no rows")
+        raise UserError(
+            f"{path}: missing columns {', '.join(missing)}" if missing else f"{path}: no rows"
+        )
     features = _manifest_features(Path(profile_dir))
     out = []
     order = list(dict.fromkeys(df["table"]))
@@ -73,12 +88,18 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
         def col(c: str) -> float | None:
             return float(g[c].mean()) if c in g and g[c].notna().any() else None
 
-        out.append(TableStats(name=str(name), num_embeddings=int(g["num_embeddings"].iloc[0]),
-                              embedding_dim=int(g["embedding_dim"].iloc[0]),
-                              ids_per_sample=max(ids_per_sample, 1e-6),
-                              zipf_alpha=col("zipf_alpha") or 0.0, top1pct_share=col("top1pct_share"),
-                              top10pct_share=col("top10pct_share"),
-                              feature_names=tuple(features.get(str(name), (str(name),)))))
+        out.append(
+            TableStats(
+                name=str(name),
+                num_embeddings=int(g["num_embeddings"].iloc[0]),
+                embedding_dim=int(g["embedding_dim"].iloc[0]),
+                ids_per_sample=max(ids_per_sample, 1e-6),
+                zipf_alpha=col("zipf_alpha") or 0.0,
+                top1pct_share=col("top1pct_share"),
+                top10pct_share=col("top10pct_share"),
+                feature_names=tuple(features.get(str(name), (str(name),))),
+            )
+        )
     return out, int(df["batch_size"].median())
 
 
@@ -88,7 +109,12 @@ def _manifest_features(profile_dir: Path) -> dict[str, list[str]]:
         m = json.loads((profile_dir / "manifest.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-    tables = (m.get("model") or {}).get("tables") or m.get("tables") or (m.get("workload") or {}).get("tables") or []
+    tables = (
+        (m.get("model") or {}).get("tables")
+        or m.get("tables")
+        or (m.get("workload") or {}).get("tables")
+        or []
+    )
     out = {}
     for t in tables if isinstance(tables, list) else []:
         if isinstance(t, dict) and "name" in t:

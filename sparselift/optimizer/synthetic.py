@@ -14,7 +14,14 @@ def synthetic_stats(n_tables: int, seed: int = 0, max_rows: int = 20_000_000) ->
     out = []
     for i in range(n_tables):
         rows = int(math.exp(rng.uniform(math.log(1e3), math.log(max_rows))))
-        out.append(TableStats(name=f"t{i}", num_embeddings=rows, embedding_dim=rng.choice((32, 64, 128, 128, 256)),
-                              ids_per_sample=round(math.exp(rng.uniform(0, math.log(60))), 2),
-                              zipf_alpha=round(rng.uniform(0.8, 1.3), 3), feature_names=(f"f{i}",)))
+        out.append(
+            TableStats(
+                name=f"t{i}",
+                num_embeddings=rows,
+                embedding_dim=rng.choice((32, 64, 128, 128, 256)),
+                ids_per_sample=round(math.exp(rng.uniform(0, math.log(60))), 2),
+                zipf_alpha=round(rng.uniform(0.8, 1.3), 3),
+                feature_names=(f"f{i}",),
+            )
+        )
     return out

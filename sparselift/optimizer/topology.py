@@ -63,21 +63,27 @@ class Topology:
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
 
-    def validate(self, where: str = "topology") -> "Topology":
+    def validate(self, where: str = "topology") -> Topology:
         if self.world_size < 1 or self.local_world_size < 1:
             raise UserError(f"{where}: world_size and local_world_size must be positive")
         if self.world_size % self.local_world_size:
-            raise UserError(f"{where}: world_size {self.world_size} is not a multiple of "
-                            f"local_world_size {self.local_world_size}")
+            raise UserError(
+                f"{where}: world_size {self.world_size} is not a multiple of "
+                f"local_world_size {self.local_world_size}"
+            )
         if self.device not in DEVICES:
-            raise UserError(f"{where}: device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+            raise UserError(
+                f"{where}: device must be one of {', '.join(DEVICES)}, got {self.device!r}"
+            )
         if self.device == "cuda" and self.hbm_bytes <= 0:
             raise UserError(f"{where}: a cuda topology needs hbm_bytes > 0")
         for f in ("intra_host_bw", "inter_host_bw", "lookup_rate", "quant_rate", "dense_flops"):
             if getattr(self, f) <= 0:
                 raise UserError(f"{where}: {f} must be positive")
         if not 0 <= self.pipeline_overlap <= 1 or not 0 <= self.memory_reserve_fraction < 1:
-            raise UserError(f"{where}: pipeline_overlap must be in [0, 1] and memory_reserve_fraction in [0, 1)")
+            raise UserError(
+                f"{where}: pipeline_overlap must be in [0, 1] and memory_reserve_fraction in [0, 1)"
+            )
         return self
 
 
@@ -97,14 +103,29 @@ def _cpu_gloo(world_size: int, local_world_size: int) -> Topology:
     # measured, it hides about all of it (multihot-26: 123 → 112 ms a step) for ~1.5 ms of
     # bookkeeping a step (tiny: no gain from its ~1.6 ms input_dist), so it pays only where
     # input_dist is large.
-    return Topology(world_size=world_size, local_world_size=local_world_size, device="cpu", preset="cpu-gloo",
-                    ddr_bytes=_host_memory_bytes() // local_world_size, memory_reserve_fraction=0.3,
-                    intra_host_bw=2e9, inter_host_bw=1.25e9, collective_latency_s=150e-6,
-                    lookup_rate=3e8, bwd_multiplier=3.0, kernel_latency_s=30e-6, quant_rate=3e8,
-                    pipeline_overlap=1.0, pipeline_overhead_s=1.5e-3, dense_flops=3e10)
+    return Topology(
+        world_size=world_size,
+        local_world_size=local_world_size,
+        device="cpu",
+        preset="cpu-gloo",
+        ddr_bytes=_host_memory_bytes() // local_world_size,
+        memory_reserve_fraction=0.3,
+        intra_host_bw=2e9,
+        inter_host_bw=1.25e9,
+        collective_latency_s=150e-6,
+        lookup_rate=3e8,
+        bwd_multiplier=3.0,
+        kernel_latency_s=30e-6,
+        quant_rate=3e8,
+        pipeline_overlap=1.0,
+        pipeline_overhead_s=1.5e-3,
+        dense_flops=3e10,
+    )
 
 
-def _gpu_host(name: str, hbm: int, hbm_bw: float, world_size: int, local_world_size: int) -> Topology:
+def _gpu_host(
+    name: str, hbm: int, hbm_bw: float, world_size: int, local_world_size: int
+) -> Topology:
     # 8 GPUs per host on NVLink/NVSwitch (~450 GB/s per direction, ~200 GB/s all-to-all effective),
     # 400 Gb/s NIC per GPU between hosts, 2 TiB host DDR per host, PCIe 5 UVM reads.
     # Lookups: the forward at 40 % of peak HBM bandwidth, the fused backward 2.5× the forward — 8.75
@@ -112,12 +133,26 @@ def _gpu_host(name: str, hbm: int, hbm_bw: float, world_size: int, local_world_s
     # found (torchrec PR #4757, a production config: forward 64.7 % of peak, backward 26.5 % moving
     # twice the bytes, 4.9× the forward's time) comes to 9.1; TorchRec's estimator charges 3 (peak
     # bandwidth, backward 2×), so it weighs communication about 3× more against lookups than both.
-    return Topology(world_size=world_size, local_world_size=local_world_size, device="cuda", preset=name,
-                    hbm_bytes=hbm, ddr_bytes=2048 * GiB // local_world_size, memory_reserve_fraction=0.15,
-                    intra_host_bw=200e9, inter_host_bw=40e9, collective_latency_s=25e-6,
-                    lookup_rate=hbm_bw / 4 * 0.4, bwd_multiplier=2.5, kernel_latency_s=8e-6,
-                    hbm_to_ddr_bw=32e9, quant_rate=2e11, pipeline_overlap=0.9, pipeline_overhead_s=15e-6,
-                    dense_flops=3e14)
+    return Topology(
+        world_size=world_size,
+        local_world_size=local_world_size,
+        device="cuda",
+        preset=name,
+        hbm_bytes=hbm,
+        ddr_bytes=2048 * GiB // local_world_size,
+        memory_reserve_fraction=0.15,
+        intra_host_bw=200e9,
+        inter_host_bw=40e9,
+        collective_latency_s=25e-6,
+        lookup_rate=hbm_bw / 4 * 0.4,
+        bwd_multiplier=2.5,
+        kernel_latency_s=8e-6,
+        hbm_to_ddr_bw=32e9,
+        quant_rate=2e11,
+        pipeline_overlap=0.9,
+        pipeline_overhead_s=15e-6,
+        dense_flops=3e14,
+    )
 
 
 PRESETS = {
@@ -128,8 +163,13 @@ PRESETS = {
 GPU_PRESETS = {"H100": "h100x8", "H200": "h200x8"}  # a profile's CUDA device name → its host preset
 
 
-def profiled_topology(calibration: dict[str, Any] | None, where: str, world_size: int | None = None,
-                      local_world_size: int | None = None, device: str | None = None) -> Topology:
+def profiled_topology(
+    calibration: dict[str, Any] | None,
+    where: str,
+    world_size: int | None = None,
+    local_world_size: int | None = None,
+    device: str | None = None,
+) -> Topology:
     """The preset `device`, else the one for the hardware a calibration's profile ran on, at the
     profile's ranks unless told.
 
@@ -148,8 +188,10 @@ def profiled_topology(calibration: dict[str, Any] | None, where: str, world_size
     gpu = str(ran.get("gpu") or "")
     name = next((p for model, p in GPU_PRESETS.items() if model in gpu.upper()), None)
     if name is None:
-        raise UserError(f"{where}: profiled on CUDA ({gpu or 'GPU model not recorded'}), which no preset "
-                        f"describes: say which with --device ({', '.join(GPU_PRESETS.values())}) or --topology FILE")
+        raise UserError(
+            f"{where}: profiled on CUDA ({gpu or 'GPU model not recorded'}), which no preset "
+            f"describes: say which with --device ({', '.join(GPU_PRESETS.values())}) or --topology FILE"
+        )
     return preset(name, world, local_world_size)
 
 
@@ -162,7 +204,9 @@ def preset(name: str, world_size: int, local_world_size: int | None = None) -> T
     if local_world_size is None:
         local_world_size = world_size if name == "cpu-gloo" else min(8, world_size)
     if local_world_size < 1 or world_size % local_world_size:
-        raise UserError(f"--world-size {world_size} must be a multiple of --local-world-size {local_world_size}")
+        raise UserError(
+            f"--world-size {world_size} must be a multiple of --local-world-size {local_world_size}"
+        )
     return PRESETS[name](world_size, local_world_size).validate(f"preset {name}")
 
 
@@ -182,7 +226,9 @@ def load_topology(path: str | Path) -> Topology:
             continue
         want = str if k == "device" else (int if fields[k].type in ("int",) else (int, float))
         if isinstance(v, bool) or not isinstance(v, want):
-            raise UserError(f"{where}: {k!r} must be {'a string' if want is str else 'a number'}, got {v!r}")
+            raise UserError(
+                f"{where}: {k!r} must be {'a string' if want is str else 'a number'}, got {v!r}"
+            )
     base = d.get("base")
     if base is not None:
         start = preset(base, values["world_size"], values.get("local_world_size"))

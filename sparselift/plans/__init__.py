@@ -10,14 +10,43 @@ checking a plan is cheaper still.
     pipeline = plan.pipeline_class()(model, optimizer, device)
 """
 
-from sparselift.plans.baselines import DEVICE_PRESETS, from_torchrec, round_robin_table_wise, torchrec_plan
+from sparselift.plans.baselines import (
+    DEVICE_PRESETS,
+    from_torchrec,
+    round_robin_table_wise,
+    torchrec_plan,
+)
 from sparselift.plans.errors import PlanError
 from sparselift.plans.fileio import dumps, load, loads, save
-from sparselift.plans.plan import (DEFAULT_CACHE_LOAD_FACTOR, FORMAT, VERSION, CommPrecision, Plan, PlanTopology,
-                                   Shard, TableFingerprint, TablePlan)
+from sparselift.plans.plan import (
+    DEFAULT_CACHE_LOAD_FACTOR,
+    FORMAT,
+    VERSION,
+    CommPrecision,
+    Plan,
+    PlanTopology,
+    Shard,
+    TableFingerprint,
+    TablePlan,
+)
 
 __all__ = [
-    "FORMAT", "VERSION", "DEFAULT_CACHE_LOAD_FACTOR", "DEVICE_PRESETS", "CommPrecision", "Plan", "PlanError",
-    "PlanTopology", "Shard", "TableFingerprint", "TablePlan", "dumps", "from_torchrec", "load", "loads",
-    "round_robin_table_wise", "save", "torchrec_plan",
+    "FORMAT",
+    "VERSION",
+    "DEFAULT_CACHE_LOAD_FACTOR",
+    "DEVICE_PRESETS",
+    "CommPrecision",
+    "Plan",
+    "PlanError",
+    "PlanTopology",
+    "Shard",
+    "TableFingerprint",
+    "TablePlan",
+    "dumps",
+    "from_torchrec",
+    "load",
+    "loads",
+    "round_robin_table_wise",
+    "save",
+    "torchrec_plan",
 ]

@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from sparselift.plans.errors import PlanError
-from sparselift.plans.plan import CommPrecision, Plan, PlanTopology, Shard, TableFingerprint, TablePlan
+from sparselift.plans.plan import (
+    CommPrecision,
+    Plan,
+    PlanTopology,
+    Shard,
+    TableFingerprint,
+    TablePlan,
+)
 
 # Named hardware for offline planning. The optimizer may define richer topology presets; these only
 # say which device kind (and, optionally, memory per rank in bytes) TorchRec's planner assumes.
@@ -24,9 +32,14 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def from_torchrec(sharding_plan: Any, tables: list[TableFingerprint] | list[dict[str, Any]],
-                  topology: PlanTopology, *, pipeline: str = "base",
-                  provenance: dict[str, Any] | None = None) -> Plan:
+def from_torchrec(
+    sharding_plan: Any,
+    tables: list[TableFingerprint] | list[dict[str, Any]],
+    topology: PlanTopology,
+    *,
+    pipeline: str = "base",
+    provenance: dict[str, Any] | None = None,
+) -> Plan:
     """Convert a TorchRec ShardingPlan for `tables` on `topology` into a (validated) Plan."""
     fingerprints = [TableFingerprint.from_any(t) for t in tables]
     out: list[TablePlan] = []
@@ -36,35 +49,90 @@ def from_torchrec(sharding_plan: Any, tables: list[TableFingerprint] | list[dict
             modules.add(path)
             shards = []
             if ps.sharding_spec is not None:
-                shards = [Shard(rank=int(md.placement.rank()), offsets=tuple(md.shard_offsets),
-                                sizes=tuple(md.shard_sizes)) for md in ps.sharding_spec.shards]
+                shards = [
+                    Shard(
+                        rank=int(md.placement.rank()),
+                        offsets=tuple(md.shard_offsets),
+                        sizes=tuple(md.shard_sizes),
+                    )
+                    for md in ps.sharding_spec.shards
+                ]
             ranks = list(ps.ranks) if ps.ranks is not None else [s.rank for s in shards]
             load_factor = ps.cache_params.load_factor if ps.cache_params is not None else None
-            out.append(TablePlan(name=name, sharding_type=ps.sharding_type, compute_kernel=ps.compute_kernel,
-                                 ranks=ranks, shards=shards, cache_load_factor=load_factor))
-    plan = Plan(model=fingerprints, topology=topology, tables=out, comm_precision=CommPrecision(),
-                pipeline=pipeline, module=next(iter(modules)) if len(modules) == 1 else None,
-                solver={"name": "torchrec.EmbeddingShardingPlanner"}, provenance=provenance,
-                source="<torchrec plan>")
-    return Plan.from_dict(plan.to_dict(), plan.source)  # validates: a TorchRec plan must pass our checks too
+            out.append(
+                TablePlan(
+                    name=name,
+                    sharding_type=ps.sharding_type,
+                    compute_kernel=ps.compute_kernel,
+                    ranks=ranks,
+                    shards=shards,
+                    cache_load_factor=load_factor,
+                )
+            )
+    plan = Plan(
+        model=fingerprints,
+        topology=topology,
+        tables=out,
+        comm_precision=CommPrecision(),
+        pipeline=pipeline,
+        module=next(iter(modules)) if len(modules) == 1 else None,
+        solver={"name": "torchrec.EmbeddingShardingPlanner"},
+        provenance=provenance,
+        source="<torchrec plan>",
+    )
+    return Plan.from_dict(
+        plan.to_dict(), plan.source
+    )  # validates: a TorchRec plan must pass our checks too
 
 
-def round_robin_table_wise(tables: list[TableFingerprint] | list[dict[str, Any]], topology: PlanTopology,
-                           *, module: str | None = None, provenance: dict[str, Any] | None = None) -> Plan:
+def round_robin_table_wise(
+    tables: list[TableFingerprint] | list[dict[str, Any]],
+    topology: PlanTopology,
+    *,
+    module: str | None = None,
+    provenance: dict[str, Any] | None = None,
+) -> Plan:
     """Table i whole on rank i mod world_size, fused kernel, fp32 collectives, base pipeline."""
     fingerprints = [TableFingerprint.from_any(t) for t in tables]
-    out = [TablePlan(name=t.name, sharding_type="table_wise", compute_kernel="fused", ranks=[i % topology.world_size],
-                     shards=[Shard(rank=i % topology.world_size, offsets=(0, 0),
-                                   sizes=(t.num_embeddings, t.embedding_dim))])
-           for i, t in enumerate(fingerprints)]
-    plan = Plan(model=fingerprints, topology=topology, tables=out, pipeline="base", module=module,
-                solver={"name": "round-robin-table-wise"}, provenance=provenance, source="<round-robin plan>")
+    out = [
+        TablePlan(
+            name=t.name,
+            sharding_type="table_wise",
+            compute_kernel="fused",
+            ranks=[i % topology.world_size],
+            shards=[
+                Shard(
+                    rank=i % topology.world_size,
+                    offsets=(0, 0),
+                    sizes=(t.num_embeddings, t.embedding_dim),
+                )
+            ],
+        )
+        for i, t in enumerate(fingerprints)
+    ]
+    plan = Plan(
+        model=fingerprints,
+        topology=topology,
+        tables=out,
+        pipeline="base",
+        module=module,
+        solver={"name": "round-robin-table-wise"},
+        provenance=provenance,
+        source="<round-robin plan>",
+    )
     return Plan.from_dict(plan.to_dict(), plan.source)
 
 
-def torchrec_plan(model: Any, topology: PlanTopology, batch_size: int, sharders: list[Any] | None = None, *,
-                  tr_topology: Any = None, constraints: dict[str, Any] | None = None,
-                  timeout_seconds: int | None = None):
+def torchrec_plan(
+    model: Any,
+    topology: PlanTopology,
+    batch_size: int,
+    sharders: list[Any] | None = None,
+    *,
+    tr_topology: Any = None,
+    constraints: dict[str, Any] | None = None,
+    timeout_seconds: int | None = None,
+):
     """Run TorchRec's EmbeddingShardingPlanner offline (rank 0's view) for `model` on `topology`.
 
     `tr_topology` (a TorchRec Topology with memory and bandwidths), `constraints` and
@@ -76,11 +144,19 @@ def torchrec_plan(model: Any, topology: PlanTopology, batch_size: int, sharders:
     if tr_topology is None:
         preset = DEVICE_PRESETS.get(topology.preset or topology.device, {})
         extra = {k: preset[k] for k in ("hbm_cap", "ddr_cap") if k in preset}
-        tr_topology = Topology(world_size=topology.world_size, compute_device=topology.device,
-                               local_world_size=topology.local_world_size, **extra)
+        tr_topology = Topology(
+            world_size=topology.world_size,
+            compute_device=topology.device,
+            local_world_size=topology.local_world_size,
+            **extra,
+        )
     with quiet_torchrec():
-        planner = EmbeddingShardingPlanner(topology=tr_topology, batch_size=batch_size, constraints=constraints,
-                                           timeout_seconds=timeout_seconds)
+        planner = EmbeddingShardingPlanner(
+            topology=tr_topology,
+            batch_size=batch_size,
+            constraints=constraints,
+            timeout_seconds=timeout_seconds,
+        )
         try:
             return planner.plan(model, sharders or [EmbeddingBagCollectionSharder()])
         except Exception as e:  # PlannerError: e.g. the tables do not fit the topology's memory

@@ -20,26 +20,47 @@ def register(sub) -> None:
     q.add_argument("plan")
     q.set_defaults(run=run_show, command="plan show")
 
-    q = psub.add_parser("validate", help="check a plan file, and optionally that it fits a workload")
+    q = psub.add_parser(
+        "validate", help="check a plan file, and optionally that it fits a workload"
+    )
     q.add_argument("plan")
-    q.add_argument("--workload", default=None, help="also check the plan against this workload's tables")
-    q.add_argument("--max-rows", type=int, default=None, help="the workload's row cap the plan was made for")
-    q.add_argument("--world-size", type=int, default=None, help="ranks it will run on (default: the plan's)")
+    q.add_argument(
+        "--workload", default=None, help="also check the plan against this workload's tables"
+    )
+    q.add_argument(
+        "--max-rows", type=int, default=None, help="the workload's row cap the plan was made for"
+    )
+    q.add_argument(
+        "--world-size", type=int, default=None, help="ranks it will run on (default: the plan's)"
+    )
     q.set_defaults(run=run_validate, command="plan validate")
 
     q = psub.add_parser("diff", help="what differs between plan A and plan B")
     q.add_argument("a")
     q.add_argument("b")
-    q.add_argument("--bench", default=None, metavar="JSON", help="a `sparselift bench --json` result to show too")
-    q.add_argument("--html", default=None, metavar="OUT", help="also write a self-contained HTML report")
+    q.add_argument(
+        "--bench",
+        default=None,
+        metavar="JSON",
+        help="a `sparselift bench --json` result to show too",
+    )
+    q.add_argument(
+        "--html", default=None, metavar="OUT", help="also write a self-contained HTML report"
+    )
     q.set_defaults(run=run_diff, command="plan diff")
 
-    q = psub.add_parser("from-torchrec", help="export the plan TorchRec's EmbeddingShardingPlanner makes")
+    q = psub.add_parser(
+        "from-torchrec", help="export the plan TorchRec's EmbeddingShardingPlanner makes"
+    )
     _add_topology_args(q)
-    q.add_argument("--batch-size", type=int, default=None, help="per rank (default: the workload's)")
+    q.add_argument(
+        "--batch-size", type=int, default=None, help="per rank (default: the workload's)"
+    )
     q.set_defaults(run=run_from_torchrec, command="plan from-torchrec")
 
-    q = psub.add_parser("round-robin", help="write the DLRM reference plan: table i whole on rank i mod N")
+    q = psub.add_parser(
+        "round-robin", help="write the DLRM reference plan: table i whole on rank i mod N"
+    )
     _add_topology_args(q)
     q.set_defaults(run=run_round_robin, command="plan round-robin")
 
@@ -51,9 +72,15 @@ def register(sub) -> None:
 def _add_topology_args(q: argparse.ArgumentParser) -> None:
     q.add_argument("--workload", required=True)
     q.add_argument("--world-size", type=int, required=True)
-    q.add_argument("--local-world-size", type=int, default=None, help="ranks per host (default: world size)")
-    q.add_argument("--device", default="cpu", help=f"device preset: {', '.join(DEVICE_PRESETS)} (default cpu)")
-    q.add_argument("--max-rows", type=int, default=None, help="hash ids into at most this many rows per table")
+    q.add_argument(
+        "--local-world-size", type=int, default=None, help="ranks per host (default: world size)"
+    )
+    q.add_argument(
+        "--device", default="cpu", help=f"device preset: {', '.join(DEVICE_PRESETS)} (default cpu)"
+    )
+    q.add_argument(
+        "--max-rows", type=int, default=None, help="hash ids into at most this many rows per table"
+    )
     q.add_argument("--out", required=True, help="plan file to write")
 
 
@@ -70,13 +97,20 @@ def _topology(args: argparse.Namespace):
     from sparselift.plans.plan import PlanTopology
 
     if args.device not in DEVICE_PRESETS:
-        raise UserError(f"unknown --device preset {args.device!r} (known: {', '.join(DEVICE_PRESETS)})")
+        raise UserError(
+            f"unknown --device preset {args.device!r} (known: {', '.join(DEVICE_PRESETS)})"
+        )
     local = args.local_world_size or args.world_size
     if args.world_size < 1 or local < 1 or args.world_size % local:
-        raise UserError(f"--world-size {args.world_size} must be a positive multiple of --local-world-size {local}")
-    return PlanTopology(world_size=args.world_size, local_world_size=local,
-                        device=DEVICE_PRESETS[args.device]["device"],
-                        preset=None if args.device == DEVICE_PRESETS[args.device]["device"] else args.device)
+        raise UserError(
+            f"--world-size {args.world_size} must be a positive multiple of --local-world-size {local}"
+        )
+    return PlanTopology(
+        world_size=args.world_size,
+        local_world_size=local,
+        device=DEVICE_PRESETS[args.device]["device"],
+        preset=None if args.device == DEVICE_PRESETS[args.device]["device"] else args.device,
+    )
 
 
 def _provenance(args: argparse.Namespace, how: str) -> dict[str, Any]:
@@ -85,9 +119,16 @@ def _provenance(args: argparse.Namespace, how: str) -> dict[str, Any]:
 
     import sparselift
 
-    return {"made_by": how, "workload": args.workload, "max_rows": args.max_rows,
-            "versions": {"sparselift": getattr(sparselift, "__version__", None), "torch": torch.__version__,
-                         "torchrec": getattr(torchrec, "__version__", None)}}
+    return {
+        "made_by": how,
+        "workload": args.workload,
+        "max_rows": args.max_rows,
+        "versions": {
+            "sparselift": getattr(sparselift, "__version__", None),
+            "torch": torch.__version__,
+            "torchrec": getattr(torchrec, "__version__", None),
+        },
+    }
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -128,8 +169,11 @@ def run_diff(args: argparse.Namespace) -> int:
         from sparselift.analysis.views import load_plans, plan_sections
 
         bench = json.loads(Path(args.bench).read_text()) if args.bench else None
-        write_report(args.html, f"Plans: {args.a} vs {args.b}",
-                     [("Differences", text)] + plan_sections(load_plans([args.a, args.b]), bench))
+        write_report(
+            args.html,
+            f"Plans: {args.a} vs {args.b}",
+            [("Differences", text)] + plan_sections(load_plans([args.a, args.b]), bench),
+        )
         print(f"wrote {args.html}")
     return 0
 
@@ -144,10 +188,16 @@ def run_from_torchrec(args: argparse.Namespace) -> int:
     spec, tables = workload_tables(args.workload, args.max_rows)
     model = build_model(spec, dense_device=torch.device("cpu"))
     batch = args.batch_size or spec.batch_size
-    plan = from_torchrec(torchrec_plan(model, topology, batch), tables, topology,
-                         provenance={**_provenance(args, "sparselift plan from-torchrec"), "batch_size": batch})
+    plan = from_torchrec(
+        torchrec_plan(model, topology, batch),
+        tables,
+        topology,
+        provenance={**_provenance(args, "sparselift plan from-torchrec"), "batch_size": batch},
+    )
     save(plan, args.out)
-    print(f"wrote {args.out}: TorchRec's plan for {spec.name} on {topology.world_size} {topology.device} ranks")
+    print(
+        f"wrote {args.out}: TorchRec's plan for {spec.name} on {topology.world_size} {topology.device} ranks"
+    )
     return 0
 
 
@@ -161,8 +211,14 @@ def run_round_robin(args: argparse.Namespace) -> int:
     topology = _topology(args)
     spec, tables = workload_tables(args.workload, args.max_rows)
     paths = {path for path, _ in model_tables(build_model(spec, dense_device=torch.device("cpu")))}
-    plan = round_robin_table_wise(tables, topology, module=paths.pop() if len(paths) == 1 else None,
-                                  provenance=_provenance(args, "sparselift plan round-robin"))
+    plan = round_robin_table_wise(
+        tables,
+        topology,
+        module=paths.pop() if len(paths) == 1 else None,
+        provenance=_provenance(args, "sparselift plan round-robin"),
+    )
     save(plan, args.out)
-    print(f"wrote {args.out}: round-robin table-wise plan for {spec.name} on {topology.world_size} ranks")
+    print(
+        f"wrote {args.out}: round-robin table-wise plan for {spec.name} on {topology.world_size} ranks"
+    )
     return 0

@@ -16,8 +16,10 @@ def plan_problems(plan: Plan) -> list[str]:
     problems: list[str] = []
     topo = plan.topology
     if topo.local_world_size > topo.world_size or topo.world_size % topo.local_world_size:
-        problems.append(f"topology: local_world_size {topo.local_world_size} does not divide "
-                        f"world_size {topo.world_size}")
+        problems.append(
+            f"topology: local_world_size {topo.local_world_size} does not divide "
+            f"world_size {topo.world_size}"
+        )
     problems += _name_problems(plan)
     fingerprints = {t.name: t for t in plan.model}
     for t in plan.tables:
@@ -32,13 +34,19 @@ def _name_problems(plan: Plan) -> list[str]:
     model_names = [t.name for t in plan.model]
     plan_names = [t.name for t in plan.tables]
     for what, names in (("model.tables", model_names), ("tables", plan_names)):
-        dup = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+        dup = (
+            sorted({n for n in names if names.count(n) > 1})
+            if len(set(names)) != len(names)
+            else []
+        )
         problems += [f"{what}: table {n!r} appears more than once" for n in dup]
     features: dict[str, str] = {}
     for t in plan.model:
         for f in t.feature_names:
             if f in features and features[f] != t.name:
-                problems.append(f"model.tables: feature {f!r} feeds both {features[f]!r} and {t.name!r}")
+                problems.append(
+                    f"model.tables: feature {f!r} feeds both {features[f]!r} and {t.name!r}"
+                )
             features[f] = t.name
     plan_set, model_set = set(plan_names), set(model_names)
     unplanned = [n for n in model_names if n not in plan_set]
@@ -52,29 +60,44 @@ def table_problems(t: TablePlan, fp: TableFingerprint, plan: Plan) -> list[str]:
     """Problems of one table's sharding against its size and the plan's topology."""
     world, local = plan.topology.world_size, plan.topology.local_world_size
     device = plan.topology.device
-    problems = [f"rank {r} is out of range for world_size {world}" for r in sorted(set(t.ranks)) if r >= world]
-    problems += [f"shard rank {s.rank} is out of range for world_size {world}"
-                 for s in t.shards if s.rank >= world]
+    problems = [
+        f"rank {r} is out of range for world_size {world}"
+        for r in sorted(set(t.ranks))
+        if r >= world
+    ]
+    problems += [
+        f"shard rank {s.rank} is out of range for world_size {world}"
+        for s in t.shards
+        if s.rank >= world
+    ]
     if t.sharding_type == "data_parallel":
         if t.compute_kernel != "dense":
             problems.append(f"data_parallel needs compute_kernel 'dense', got {t.compute_kernel!r}")
         if t.shards:
-            problems.append("data_parallel tables have no shards (every rank holds the whole table)")
+            problems.append(
+                "data_parallel tables have no shards (every rank holds the whole table)"
+            )
         if sorted(t.ranks) != list(range(world)):
             problems.append(f"data_parallel ranks must be every rank 0..{world - 1}, got {t.ranks}")
     else:
         allowed = MP_KERNELS.get(device, ())
         if t.compute_kernel not in allowed:
-            problems.append(f"compute_kernel {t.compute_kernel!r} is not offered for {t.sharding_type} on "
-                            f"{device} (use one of {', '.join(allowed)})")
+            problems.append(
+                f"compute_kernel {t.compute_kernel!r} is not offered for {t.sharding_type} on "
+                f"{device} (use one of {', '.join(allowed)})"
+            )
         if not t.shards:
             problems.append(f"{t.sharding_type} needs shards")
         elif t.ranks != [s.rank for s in t.shards]:
-            problems.append(f"ranks {t.ranks} do not match the shards' ranks {[s.rank for s in t.shards]}")
+            problems.append(
+                f"ranks {t.ranks} do not match the shards' ranks {[s.rank for s in t.shards]}"
+            )
         problems += _shape_problems(t, fp, world, local)
     if t.cache_load_factor is not None and t.compute_kernel != "fused_uvm_caching":
-        problems.append(f"cache_load_factor is only for compute_kernel 'fused_uvm_caching', "
-                        f"not {t.compute_kernel!r}")
+        problems.append(
+            f"cache_load_factor is only for compute_kernel 'fused_uvm_caching', "
+            f"not {t.compute_kernel!r}"
+        )
     return problems
 
 
@@ -87,31 +110,47 @@ def _shape_problems(t: TablePlan, fp: TableFingerprint, world: int, local: int) 
     for i, s in enumerate(shards):
         (r0, c0), (nr, nc) = s.offsets, s.sizes
         if r0 + nr > rows or c0 + nc > dim:
-            problems.append(f"shard {i} rows {r0}..{r0 + nr} × columns {c0}..{c0 + nc} exceeds the table "
-                            f"({rows} × {dim})")
+            problems.append(
+                f"shard {i} rows {r0}..{r0 + nr} × columns {c0}..{c0 + nc} exceeds the table "
+                f"({rows} × {dim})"
+            )
         if nc == 0:
             problems.append(f"shard {i} has no columns")
     kind = t.sharding_type
     if kind == "table_wise":
-        if len(shards) != 1 or tuple(shards[0].offsets) != (0, 0) or tuple(shards[0].sizes) != (rows, dim):
+        if (
+            len(shards) != 1
+            or tuple(shards[0].offsets) != (0, 0)
+            or tuple(shards[0].sizes) != (rows, dim)
+        ):
             problems.append(f"table_wise needs one shard of the whole table ({rows} × {dim})")
         return problems
     if kind in ("row_wise", "table_row_wise"):
-        problems += [f"shard {i} must span all {dim} columns for {kind}" for i, s in enumerate(shards)
-                     if s.offsets[1] != 0 or s.sizes[1] != dim]
+        problems += [
+            f"shard {i} must span all {dim} columns for {kind}"
+            for i, s in enumerate(shards)
+            if s.offsets[1] != 0 or s.sizes[1] != dim
+        ]
         problems += _tiling(kind, "rows", [(s.offsets[0], s.sizes[0]) for s in shards], rows)
         if kind == "row_wise" and t.ranks != list(range(world)):
-            problems.append(f"row_wise needs one shard per rank in rank order 0..{world - 1}, got ranks {t.ranks}")
+            problems.append(
+                f"row_wise needs one shard per rank in rank order 0..{world - 1}, got ranks {t.ranks}"
+            )
         if kind == "table_row_wise":
             host = t.ranks[0] // local if t.ranks else 0
             expected = list(range(host * local, host * local + local))
             if t.ranks != expected:
-                problems.append(f"table_row_wise needs one shard per rank of one host in rank order "
-                                f"(e.g. {expected}), got ranks {t.ranks}")
+                problems.append(
+                    f"table_row_wise needs one shard per rank of one host in rank order "
+                    f"(e.g. {expected}), got ranks {t.ranks}"
+                )
         return problems
     # column_wise, table_column_wise
-    problems += [f"shard {i} must span all {rows} rows for {kind}" for i, s in enumerate(shards)
-                 if s.offsets[0] != 0 or s.sizes[0] != rows]
+    problems += [
+        f"shard {i} must span all {rows} rows for {kind}"
+        for i, s in enumerate(shards)
+        if s.offsets[0] != 0 or s.sizes[0] != rows
+    ]
     problems += _tiling(kind, "columns", [(s.offsets[1], s.sizes[1]) for s in shards], dim)
     return problems
 
@@ -121,8 +160,14 @@ def _tiling(kind: str, axis: str, spans: list[tuple[int, int]], total: int) -> l
     at = 0
     for i, (off, size) in enumerate(spans):
         if off != at:
-            what = "overlaps the previous shard" if off < at else f"leaves {axis} {at}..{off} uncovered"
-            return [f"{kind} shards must cover {axis} 0..{total} in order: shard {i} starts at {off}, {what}"]
+            what = (
+                "overlaps the previous shard"
+                if off < at
+                else f"leaves {axis} {at}..{off} uncovered"
+            )
+            return [
+                f"{kind} shards must cover {axis} 0..{total} in order: shard {i} starts at {off}, {what}"
+            ]
         at = off + size
     if at != total:
         return [f"{kind} shards cover {axis} 0..{at} but the table has {total} {axis}"]
@@ -133,20 +178,32 @@ def fit_problems(plan: Plan, tables: list[TableFingerprint], world_size: int) ->
     """Differences between the plan's model/topology and the one it is about to be used with."""
     problems = []
     if plan.topology.world_size != world_size:
-        problems.append(f"plan is for world_size {plan.topology.world_size}, this job has {world_size} ranks")
+        problems.append(
+            f"plan is for world_size {plan.topology.world_size}, this job has {world_size} ranks"
+        )
     planned = {t.name: t for t in plan.model}
     actual = {t.name: t for t in tables}
-    problems += [f"table {n!r} is in the model but not in the plan" for n in actual if n not in planned]
-    problems += [f"table {n!r} is in the plan but not in the model" for n in planned if n not in actual]
+    problems += [
+        f"table {n!r} is in the model but not in the plan" for n in actual if n not in planned
+    ]
+    problems += [
+        f"table {n!r} is in the plan but not in the model" for n in planned if n not in actual
+    ]
     for name, a in actual.items():
         p = planned.get(name)
         if p is None:
             continue
         if p.num_embeddings != a.num_embeddings:
-            problems.append(f"table {name!r} has {a.num_embeddings} rows in the model, {p.num_embeddings} in the plan")
+            problems.append(
+                f"table {name!r} has {a.num_embeddings} rows in the model, {p.num_embeddings} in the plan"
+            )
         if p.embedding_dim != a.embedding_dim:
-            problems.append(f"table {name!r} has dim {a.embedding_dim} in the model, {p.embedding_dim} in the plan")
+            problems.append(
+                f"table {name!r} has dim {a.embedding_dim} in the model, {p.embedding_dim} in the plan"
+            )
         if tuple(p.feature_names) != tuple(a.feature_names):
-            problems.append(f"table {name!r} is fed features {list(a.feature_names)} in the model, "
-                            f"{list(p.feature_names)} in the plan")
+            problems.append(
+                f"table {name!r} is fed features {list(a.feature_names)} in the model, "
+                f"{list(p.feature_names)} in the plan"
+            )
     return problems

@@ -10,7 +10,6 @@ from pathlib import Path
 from sparselift.plans.errors import PlanError
 from sparselift.plans.plan import Plan
 
-
 WIDTH = 100
 
 
@@ -39,7 +38,9 @@ def loads(data: str | bytes, source: str = "<plan>") -> Plan:
     try:
         d = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        where = (
+            f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        )
         raise PlanError(source, f"malformed JSON{where}: {getattr(e, 'msg', e)}") from None
     return Plan.from_dict(d, source)
 
@@ -68,7 +69,9 @@ def save(plan: Plan, path: str | os.PathLike) -> None:
             f.write(data)
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600: a trainer running as another user must read it
+        os.chmod(
+            tmp, 0o666 & ~umask
+        )  # mkstemp makes 0600: a trainer running as another user must read it
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

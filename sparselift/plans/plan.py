@@ -28,12 +28,15 @@ class TableFingerprint:
     feature_names: tuple[str, ...]
 
     @classmethod
-    def from_any(cls, t: "TableFingerprint | dict[str, Any]") -> "TableFingerprint":
+    def from_any(cls, t: TableFingerprint | dict[str, Any]) -> TableFingerprint:
         if isinstance(t, TableFingerprint):
             return t
-        return cls(name=t["name"], num_embeddings=int(t["num_embeddings"]),
-                   embedding_dim=int(t["embedding_dim"]),
-                   feature_names=tuple(t.get("feature_names") or (t["name"],)))
+        return cls(
+            name=t["name"],
+            num_embeddings=int(t["num_embeddings"]),
+            embedding_dim=int(t["embedding_dim"]),
+            feature_names=tuple(t.get("feature_names") or (t["name"],)),
+        )
 
 
 @dataclass(frozen=True)
@@ -103,16 +106,29 @@ class Plan:
         model: dict[str, Any] = {}
         if self.module is not None:
             model["module"] = self.module
-        model["tables"] = [dict(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
-                                feature_names=list(t.feature_names)) for t in self.model]
+        model["tables"] = [
+            dict(
+                name=t.name,
+                num_embeddings=t.num_embeddings,
+                embedding_dim=t.embedding_dim,
+                feature_names=list(t.feature_names),
+            )
+            for t in self.model
+        ]
         return {
             "format": FORMAT,
             "version": VERSION,
             "model": model,
-            "topology": dict(world_size=self.topology.world_size, local_world_size=self.topology.local_world_size,
-                             device=self.topology.device, preset=self.topology.preset),
+            "topology": dict(
+                world_size=self.topology.world_size,
+                local_world_size=self.topology.local_world_size,
+                device=self.topology.device,
+                preset=self.topology.preset,
+            ),
             "tables": [_table_dict(t) for t in tables],
-            "comm_precision": dict(forward=self.comm_precision.forward, backward=self.comm_precision.backward),
+            "comm_precision": dict(
+                forward=self.comm_precision.forward, backward=self.comm_precision.backward
+            ),
             "pipeline": self.pipeline,
             "predicted": _canonical(self.predicted),
             "solver": _canonical(self.solver),
@@ -120,7 +136,7 @@ class Plan:
         }
 
     @classmethod
-    def from_dict(cls, d: Any, source: str = "<plan>") -> "Plan":
+    def from_dict(cls, d: Any, source: str = "<plan>") -> Plan:
         """Validate `d` (schema, then consistency) and build the plan; PlanError lists every problem."""
         from sparselift.plans.consistency import plan_problems
         from sparselift.plans.schema import schema_problems
@@ -134,15 +150,30 @@ class Plan:
             model=[TableFingerprint.from_any(t) for t in m["tables"]],
             module=m.get("module"),
             # int(): JSON Schema counts 2.0 as an integer; TorchRec needs real ints.
-            topology=PlanTopology(world_size=int(topo["world_size"]), local_world_size=int(topo["local_world_size"]),
-                                  device=topo["device"], preset=topo.get("preset")),
-            tables=[TablePlan(name=t["name"], sharding_type=t["sharding_type"], compute_kernel=t["compute_kernel"],
-                              ranks=[int(r) for r in t["ranks"]],
-                              shards=[Shard(rank=int(s["rank"]), offsets=(int(s["offsets"][0]), int(s["offsets"][1])),
-                                            sizes=(int(s["sizes"][0]), int(s["sizes"][1])))
-                                      for s in t["shards"]],
-                              cache_load_factor=t.get("cache_load_factor"))
-                    for t in d["tables"]],
+            topology=PlanTopology(
+                world_size=int(topo["world_size"]),
+                local_world_size=int(topo["local_world_size"]),
+                device=topo["device"],
+                preset=topo.get("preset"),
+            ),
+            tables=[
+                TablePlan(
+                    name=t["name"],
+                    sharding_type=t["sharding_type"],
+                    compute_kernel=t["compute_kernel"],
+                    ranks=[int(r) for r in t["ranks"]],
+                    shards=[
+                        Shard(
+                            rank=int(s["rank"]),
+                            offsets=(int(s["offsets"][0]), int(s["offsets"][1])),
+                            sizes=(int(s["sizes"][0]), int(s["sizes"][1])),
+                        )
+                        for s in t["shards"]
+                    ],
+                    cache_load_factor=t.get("cache_load_factor"),
+                )
+                for t in d["tables"]
+            ],
             comm_precision=CommPrecision(**d["comm_precision"]),
             pipeline=d["pipeline"],
             predicted=d.get("predicted"),
@@ -163,7 +194,9 @@ class Plan:
 
     # ------------------------------------------------------------------------- fit to a model
 
-    def check_spec(self, tables: list[dict[str, Any]] | list[TableFingerprint], world_size: int) -> None:
+    def check_spec(
+        self, tables: list[dict[str, Any]] | list[TableFingerprint], world_size: int
+    ) -> None:
         """Refuse (PlanError listing every difference) a model's tables or a world size it was not made for."""
         from sparselift.plans.consistency import fit_problems
 
@@ -214,7 +247,9 @@ def _table_dict(t: TablePlan) -> dict[str, Any]:
         "sharding_type": t.sharding_type,
         "compute_kernel": t.compute_kernel,
         "ranks": list(t.ranks),
-        "shards": [dict(rank=s.rank, offsets=list(s.offsets), sizes=list(s.sizes)) for s in t.shards],
+        "shards": [
+            dict(rank=s.rank, offsets=list(s.offsets), sizes=list(s.sizes)) for s in t.shards
+        ],
         "cache_load_factor": _canonical(t.cache_load_factor),
     }
 

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from sparselift.plans.plan import Plan, TablePlan
 
-SHORT = {"data_parallel": "DP", "table_wise": "TW", "row_wise": "RW", "column_wise": "CW",
-         "table_row_wise": "TWRW", "table_column_wise": "TWCW"}
+SHORT = {
+    "data_parallel": "DP",
+    "table_wise": "TW",
+    "row_wise": "RW",
+    "column_wise": "CW",
+    "table_row_wise": "TWRW",
+    "table_column_wise": "TWCW",
+}
 
 
 def _bytes(n: float) -> str:
@@ -23,7 +29,9 @@ def _shards(t: TablePlan) -> str:
         return f"rank {t.shards[0].rank}"
     axis = 0 if t.sharding_type in ("row_wise", "table_row_wise") else 1
     word = "rows" if axis == 0 else "cols"
-    return ", ".join(f"r{s.rank}:{word} {s.offsets[axis]}-{s.offsets[axis] + s.sizes[axis]}" for s in t.shards)
+    return ", ".join(
+        f"r{s.rank}:{word} {s.offsets[axis]}-{s.offsets[axis] + s.sizes[axis]}" for s in t.shards
+    )
 
 
 def rank_elements(plan: Plan) -> list[dict[str, int]]:
@@ -55,30 +63,52 @@ def show(plan: Plan) -> str:
         f"  model       {len(plan.model)} tables" + (f" in {plan.module}" if plan.module else ""),
     ]
     if plan.solver:
-        facts = ", ".join(f"{k} {plan.solver[k]}" for k in ("status", "objective", "bound", "gap", "time_s", "seed")
-                          if plan.solver.get(k) is not None)
-        lines.append(f"  solver      {plan.solver.get('name', '?')}" + (f" ({facts})" if facts else ""))
+        facts = ", ".join(
+            f"{k} {plan.solver[k]}"
+            for k in ("status", "objective", "bound", "gap", "time_s", "seed")
+            if plan.solver.get(k) is not None
+        )
+        lines.append(
+            f"  solver      {plan.solver.get('name', '?')}" + (f" ({facts})" if facts else "")
+        )
     fps = {t.name: t for t in plan.model}
     name_w = max(5, *(len(t.name) for t in plan.tables))
-    lines += ["", "per table", f"  {'table':{name_w}s} {'rows':>11s} {'dim':>5s}  {'type':4s}  {'kernel':17s} shards"]
+    lines += [
+        "",
+        "per table",
+        f"  {'table':{name_w}s} {'rows':>11s} {'dim':>5s}  {'type':4s}  {'kernel':17s} shards",
+    ]
     for t in sorted(plan.tables, key=lambda t: list(fps).index(t.name)):
         fp = fps[t.name]
-        kernel = t.compute_kernel + (f" lf={t.cache_load_factor:g}" if t.cache_load_factor is not None else "")
-        lines.append(f"  {t.name:{name_w}s} {fp.num_embeddings:11,d} {fp.embedding_dim:5d}  "
-                     f"{SHORT[t.sharding_type]:4s}  {kernel:17s} {_shards(t)}")
+        kernel = t.compute_kernel + (
+            f" lf={t.cache_load_factor:g}" if t.cache_load_factor is not None else ""
+        )
+        lines.append(
+            f"  {t.name:{name_w}s} {fp.num_embeddings:11,d} {fp.embedding_dim:5d}  "
+            f"{SHORT[t.sharding_type]:4s}  {kernel:17s} {_shards(t)}"
+        )
     per_rank = rank_elements(plan)
     predicted = {p.get("rank"): p for p in (plan.predicted or {}).get("per_rank", []) or []}
     total = sum(r["elements"] for r in per_rank) or 1
-    lines += ["", "per rank", f"  {'rank':>4s} {'tables':>6s} {'elements':>14s} {'fp32 weights':>13s} {'share':>6s}"
-              + ("   predicted compute / comm / memory" if predicted else "")]
+    lines += [
+        "",
+        "per rank",
+        f"  {'rank':>4s} {'tables':>6s} {'elements':>14s} {'fp32 weights':>13s} {'share':>6s}"
+        + ("   predicted compute / comm / memory" if predicted else ""),
+    ]
     for r, v in enumerate(per_rank):
-        line = (f"  {r:4d} {v['tables']:6d} {v['elements']:14,d} {_bytes(4 * v['elements']):>13s} "
-                f"{100 * v['elements'] / total:5.1f}%")
+        line = (
+            f"  {r:4d} {v['tables']:6d} {v['elements']:14,d} {_bytes(4 * v['elements']):>13s} "
+            f"{100 * v['elements'] / total:5.1f}%"
+        )
         p = predicted.get(r)
         if p:
             line += "   " + " / ".join(
-                "-" if p.get(k) is None else (_bytes(p[k]) if k == "memory_bytes" else f"{p[k] * 1e3:.2f} ms")
-                for k in ("compute_s", "comm_s", "memory_bytes"))
+                "-"
+                if p.get(k) is None
+                else (_bytes(p[k]) if k == "memory_bytes" else f"{p[k] * 1e3:.2f} ms")
+                for k in ("compute_s", "comm_s", "memory_bytes")
+            )
         lines.append(line)
     step = (plan.predicted or {}).get("step_time_s")
     if step is not None:
@@ -89,8 +119,11 @@ def show(plan: Plan) -> str:
 def diff(a: Plan, b: Plan) -> list[str]:
     """One line per difference between plan `a` and plan `b`; [] if they shard identically."""
     out = []
-    for what, x, y in (("topology", a.topology, b.topology), ("pipeline", a.pipeline, b.pipeline),
-                       ("comm_precision", a.comm_precision, b.comm_precision)):
+    for what, x, y in (
+        ("topology", a.topology, b.topology),
+        ("pipeline", a.pipeline, b.pipeline),
+        ("comm_precision", a.comm_precision, b.comm_precision),
+    ):
         if x != y:
             out.append(f"{what}: {x} -> {y}")
     fa, fb = {t.name: t for t in a.model}, {t.name: t for t in b.model}

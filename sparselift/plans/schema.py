@@ -37,13 +37,17 @@ def schema_problems(d: Any) -> list[str]:
         return [f"not a SparseLift plan: format is {d.get('format')!r}, expected {FORMAT!r}"]
     version = d.get("version")
     if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
-        return [f"plan format version {version} is newer than this SparseLift reads (version {VERSION}); "
-                f"upgrade SparseLift"]
+        return [
+            f"plan format version {version} is newer than this SparseLift reads (version {VERSION}); "
+            f"upgrade SparseLift"
+        ]
     if _fast_check()(d):
         return []  # conforms; jsonschema is only needed to explain what does not
     try:
         validator = _validator()
-    except ImportError:  # a trainer's environment without jsonschema still refuses, just less precisely
+    except (
+        ImportError
+    ):  # a trainer's environment without jsonschema still refuses, just less precisely
         return ["does not match plan.schema.json (install jsonschema to see where)"]
     errors = sorted(validator.iter_errors(d), key=lambda e: [str(p) for p in e.absolute_path])
     return [f"{_where(d, e.absolute_path)}: {e.message}" for e in errors]
@@ -56,8 +60,10 @@ def schema_problems(d: Any) -> list[str]:
 # jsonschema stays the authority: it explains every failure and decides any case the fast path declines.
 
 _TYPES: dict[str, Any] = {
-    "object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str), "null": lambda v: v is None,
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "null": lambda v: v is None,
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
 }
@@ -82,13 +88,20 @@ def _compile(s: dict[str, Any]):
             checks.append(lambda v, kinds=kinds: any(k(v) for k in kinds))
         elif key in ("enum", "const"):
             allowed = arg if key == "enum" else [arg]
-            checks.append(lambda v, allowed=allowed: any(type(v) is type(a) and v == a for a in allowed))
+            checks.append(
+                lambda v, allowed=allowed: any(type(v) is type(a) and v == a for a in allowed)
+            )
         elif key == "required":
-            checks.append(lambda v, req=tuple(arg): not isinstance(v, dict) or all(k in v for k in req))
+            checks.append(
+                lambda v, req=tuple(arg): not isinstance(v, dict) or all(k in v for k in req)
+            )
         elif key == "properties":
             props = {k: _compile(sub) for k, sub in arg.items()}
-            checks.append(lambda v, props=props: not isinstance(v, dict) or
-                          all(c(v[k]) for k, c in props.items() if k in v))
+            checks.append(
+                lambda v, props=props: (
+                    not isinstance(v, dict) or all(c(v[k]) for k, c in props.items() if k in v)
+                )
+            )
         elif key == "additionalProperties":
             if arg is True:
                 continue
@@ -102,10 +115,15 @@ def _compile(s: dict[str, Any]):
         elif key in ("minItems", "maxItems", "minLength"):
             kind = str if key == "minLength" else list
             op = (lambda n, a: n >= a) if key.startswith("min") else (lambda n, a: n <= a)
-            checks.append(lambda v, a=arg, kind=kind, op=op: not isinstance(v, kind) or op(len(v), a))
+            checks.append(
+                lambda v, a=arg, kind=kind, op=op: not isinstance(v, kind) or op(len(v), a)
+            )
         elif key in ("minimum", "maximum", "exclusiveMinimum"):
-            op = {"minimum": lambda x, a: x >= a, "maximum": lambda x, a: x <= a,
-                  "exclusiveMinimum": lambda x, a: x > a}[key]
+            op = {
+                "minimum": lambda x, a: x >= a,
+                "maximum": lambda x, a: x <= a,
+                "exclusiveMinimum": lambda x, a: x > a,
+            }[key]
             checks.append(lambda v, a=arg, op=op: not _TYPES["number"](v) or op(v, a))
         else:
             raise NotImplementedError(key)

@@ -11,12 +11,17 @@ from typing import Any
 import torch
 from torch import nn
 from torchrec.distributed.embedding_types import ShardingType
-from torchrec.distributed.planner.types import Perf, PlanLoader
+from torchrec.distributed.planner.types import Perf, PlanLoader, ShardingOption, Storage
 from torchrec.distributed.planner.types import Shard as TorchRecShard
-from torchrec.distributed.planner.types import ShardingOption, Storage
 from torchrec.distributed.sharding_plan import placement
-from torchrec.distributed.types import (CacheParams, EmbeddingModuleShardingPlan, EnumerableShardingSpec,
-                                        ParameterSharding, ShardingPlan, ShardMetadata)
+from torchrec.distributed.types import (
+    CacheParams,
+    EmbeddingModuleShardingPlan,
+    EnumerableShardingSpec,
+    ParameterSharding,
+    ShardingPlan,
+    ShardMetadata,
+)
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from sparselift.plans.errors import PlanError
@@ -29,9 +34,17 @@ def model_tables(model: nn.Module) -> list[tuple[str, TableFingerprint]]:
     for path, m in model.named_modules():
         if isinstance(m, EmbeddingBagCollection):
             for c in m.embedding_bag_configs():
-                out.append((path, TableFingerprint(name=c.name, num_embeddings=c.num_embeddings,
-                                                   embedding_dim=c.embedding_dim,
-                                                   feature_names=tuple(c.feature_names))))
+                out.append(
+                    (
+                        path,
+                        TableFingerprint(
+                            name=c.name,
+                            num_embeddings=c.num_embeddings,
+                            embedding_dim=c.embedding_dim,
+                            feature_names=tuple(c.feature_names),
+                        ),
+                    )
+                )
     return out
 
 
@@ -41,27 +54,43 @@ def _table_paths(plan: Plan, model: nn.Module | None) -> dict[str, str]:
     paths = {t.name: path for path, t in model_tables(model)}
     missing = [t.name for t in plan.tables if t.name not in paths]
     if missing:
-        raise PlanError(plan.source, [f"table {n!r} is in the plan but not in the model" for n in missing])
+        raise PlanError(
+            plan.source, [f"table {n!r} is in the plan but not in the model" for n in missing]
+        )
     return paths
 
 
-def parameter_sharding(t: TablePlan, plan: Plan, device_type: str | None = None) -> ParameterSharding:
+def parameter_sharding(
+    t: TablePlan, plan: Plan, device_type: str | None = None
+) -> ParameterSharding:
     device_type = device_type or plan.topology.device
     local = plan.topology.local_world_size
     spec = None
     if t.sharding_type != ShardingType.DATA_PARALLEL.value:
-        spec = EnumerableShardingSpec([
-            ShardMetadata(shard_offsets=list(s.offsets), shard_sizes=list(s.sizes),
-                          placement=placement(device_type, s.rank, local))
-            for s in t.shards
-        ])
+        spec = EnumerableShardingSpec(
+            [
+                ShardMetadata(
+                    shard_offsets=list(s.offsets),
+                    shard_sizes=list(s.sizes),
+                    placement=placement(device_type, s.rank, local),
+                )
+                for s in t.shards
+            ]
+        )
     return ParameterSharding(
-        sharding_type=t.sharding_type, compute_kernel=t.compute_kernel, ranks=list(t.ranks), sharding_spec=spec,
-        cache_params=CacheParams(load_factor=t.cache_load_factor) if t.cache_load_factor is not None else None,
+        sharding_type=t.sharding_type,
+        compute_kernel=t.compute_kernel,
+        ranks=list(t.ranks),
+        sharding_spec=spec,
+        cache_params=CacheParams(load_factor=t.cache_load_factor)
+        if t.cache_load_factor is not None
+        else None,
     )
 
 
-def sharding_plan(plan: Plan, model: nn.Module | None = None, device_type: str | None = None) -> ShardingPlan:
+def sharding_plan(
+    plan: Plan, model: nn.Module | None = None, device_type: str | None = None
+) -> ShardingPlan:
     """TorchRec's ShardingPlan: {module path: {table: ParameterSharding}}."""
     paths = _table_paths(plan, model)
     modules: dict[str, EmbeddingModuleShardingPlan] = {}
@@ -79,10 +108,16 @@ def sharders(plan: Plan, device: torch.device | None = None) -> list[Any]:
 def precision_sharders(cp: CommPrecision, device: torch.device) -> list[Any]:
     """The EmbeddingBagCollection sharder whose qcomm codecs run the collectives at `cp`."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+    from torchrec.distributed.fbgemm_qcomm_codec import (
+        CommType,
+        QCommsConfig,
+        get_qcomm_codecs_registry,
+    )
 
     registry = get_qcomm_codecs_registry(
-        QCommsConfig(forward_precision=CommType(cp.forward), backward_precision=CommType(cp.backward)),
+        QCommsConfig(
+            forward_precision=CommType(cp.forward), backward_precision=CommType(cp.backward)
+        ),
         device=device,
     )
     return [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)]
@@ -109,9 +144,13 @@ def apply(plan: Plan, model: nn.Module, pg: Any, device: torch.device):
         problems = e.problems + problems
     if problems:
         raise PlanError(plan.source, problems)
-    return DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), device=device,
-                                    plan=sharding_plan(plan, model, device.type),
-                                    sharders=sharders(plan, device))
+    return DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(pg),
+        device=device,
+        plan=sharding_plan(plan, model, device.type),
+        sharders=sharders(plan, device),
+    )
 
 
 class SparseLiftPlanLoader(PlanLoader):
@@ -153,15 +192,31 @@ class SparseLiftPlanLoader(PlanLoader):
                 blocks = [(list(shape), [0, 0], r) for r in range(world)]
             else:
                 blocks = [(list(s.sizes), list(s.offsets), s.rank) for s in t.shards]
-            shards = [TorchRecShard(size=size, offset=offset, rank=rank, perf=Perf(0.0, 0.0, 0.0, 0.0),
-                                    storage=self._storage(size, t))
-                      for size, offset, rank in blocks]
+            shards = [
+                TorchRecShard(
+                    size=size,
+                    offset=offset,
+                    rank=rank,
+                    perf=Perf(0.0, 0.0, 0.0, 0.0),
+                    storage=self._storage(size, t),
+                )
+                for size, offset, rank in blocks
+            ]
             option = ShardingOption(
-                name=t.name, tensor=torch.empty(shape, device="meta"), module=(self._paths[t.name], nn.Module()),
-                input_lengths=[1.0] * len(fp.feature_names), batch_size=0, sharding_type=t.sharding_type,
-                partition_by="", compute_kernel=t.compute_kernel, shards=shards,
-                cache_params=CacheParams(load_factor=t.cache_load_factor) if t.cache_load_factor is not None else None,
-                is_pooled=True, feature_names=list(fp.feature_names),
+                name=t.name,
+                tensor=torch.empty(shape, device="meta"),
+                module=(self._paths[t.name], nn.Module()),
+                input_lengths=[1.0] * len(fp.feature_names),
+                batch_size=0,
+                sharding_type=t.sharding_type,
+                partition_by="",
+                compute_kernel=t.compute_kernel,
+                shards=shards,
+                cache_params=CacheParams(load_factor=t.cache_load_factor)
+                if t.cache_load_factor is not None
+                else None,
+                is_pooled=True,
+                feature_names=list(fp.feature_names),
             )
             out[option.storage_hash()] = option
         return out

@@ -72,7 +72,7 @@ def clean_path(path: str) -> str:
     """The module path as written in DMP's sharding plan (without DMP / DDP wrapper prefixes)."""
     for prefix in ("_dmp_wrapped_module.", "module."):
         if path.startswith(prefix):
-            path = path[len(prefix):]
+            path = path[len(prefix) :]
     return path
 
 
@@ -81,9 +81,16 @@ def table_metas(modules: list[tuple[str, nn.Module]]) -> list[TableMeta]:
     for path, m in modules:
         for c in _configs(m) or []:
             pooling = getattr(c, "pooling", None)
-            metas.append(TableMeta(name=c.name, num_embeddings=int(c.num_embeddings),
-                                   embedding_dim=int(c.embedding_dim), features=tuple(c.feature_names),
-                                   pooling_type=getattr(pooling, "name", "NONE"), module=clean_path(path)))
+            metas.append(
+                TableMeta(
+                    name=c.name,
+                    num_embeddings=int(c.num_embeddings),
+                    embedding_dim=int(c.embedding_dim),
+                    features=tuple(c.feature_names),
+                    pooling_type=getattr(pooling, "name", "NONE"),
+                    module=clean_path(path),
+                )
+            )
     return metas
 
 

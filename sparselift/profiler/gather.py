@@ -13,5 +13,7 @@ def gather_to_rank0(obj: Any, group: Any = None) -> list[Any] | None:
         return [obj]
     rank = dist.get_rank(group)
     out: list[Any] | None = [None] * dist.get_world_size(group) if rank == 0 else None
-    dist.gather_object(obj, out, dst=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    dist.gather_object(
+        obj, out, dst=dist.get_global_rank(group, 0) if group is not None else 0, group=group
+    )
     return out

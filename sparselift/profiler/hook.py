@@ -12,9 +12,25 @@ from typing import Any
 from sparselift.profiler.session import ProfileSession
 
 
-def make_hook(ctx: Any, *, out_dir: str, warmup: int, steps: int, execution_trace: bool = False,
-              command: list[str] | None = None) -> ProfileSession:
-    return ProfileSession(out_dir, ctx.model, warmup=warmup, steps=steps, execution_trace=execution_trace,
-                          pipeline=ctx.pipeline, write_files=False, command=command,
-                          spec_tables={t.name: t for t in ctx.spec.tables}, workload=ctx.spec.name,
-                          device=ctx.device)
+def make_hook(
+    ctx: Any,
+    *,
+    out_dir: str,
+    warmup: int,
+    steps: int,
+    execution_trace: bool = False,
+    command: list[str] | None = None,
+) -> ProfileSession:
+    return ProfileSession(
+        out_dir,
+        ctx.model,
+        warmup=warmup,
+        steps=steps,
+        execution_trace=execution_trace,
+        pipeline=ctx.pipeline,
+        write_files=False,
+        command=command,
+        spec_tables={t.name: t for t in ctx.spec.tables},
+        workload=ctx.spec.name,
+        device=ctx.device,
+    )

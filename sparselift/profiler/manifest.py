@@ -32,8 +32,13 @@ def versions() -> dict[str, str | None]:
         except Exception:  # noqa: BLE001 - a missing optional package is just unknown
             return None
 
-    return dict(sparselift=sparselift.__version__, torch=torch.__version__, torchrec=_v("torchrec"),
-                fbgemm_gpu=_v("fbgemm_gpu"), python=platform.python_version())
+    return dict(
+        sparselift=sparselift.__version__,
+        torch=torch.__version__,
+        torchrec=_v("torchrec"),
+        fbgemm_gpu=_v("fbgemm_gpu"),
+        python=platform.python_version(),
+    )
 
 
 def sharding_of(model: Any) -> list[dict[str, Any]]:
@@ -48,13 +53,25 @@ def sharding_of(model: Any) -> list[dict[str, Any]]:
             spec = getattr(ps, "sharding_spec", None)
             for sh in getattr(spec, "shards", None) or []:
                 placement = sh.placement
-                shards.append(dict(rank=placement.rank() if placement is not None else None,
-                                   offsets=list(sh.shard_offsets), sizes=list(sh.shard_sizes)))
+                shards.append(
+                    dict(
+                        rank=placement.rank() if placement is not None else None,
+                        offsets=list(sh.shard_offsets),
+                        sizes=list(sh.shard_sizes),
+                    )
+                )
             cache = getattr(ps, "cache_params", None)
-            out.append(dict(table=table, module=module, sharding_type=str(ps.sharding_type),
-                            compute_kernel=str(ps.compute_kernel),
-                            ranks=list(ps.ranks) if ps.ranks is not None else None, shards=shards,
-                            cache_load_factor=getattr(cache, "load_factor", None)))
+            out.append(
+                dict(
+                    table=table,
+                    module=module,
+                    sharding_type=str(ps.sharding_type),
+                    compute_kernel=str(ps.compute_kernel),
+                    ranks=list(ps.ranks) if ps.ranks is not None else None,
+                    shards=shards,
+                    cache_load_factor=getattr(cache, "load_factor", None),
+                )
+            )
     return out
 
 
@@ -84,21 +101,44 @@ class ProfileFacts:
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:
     d = asdict(f)
-    files = dict(traces=d.pop("traces"), execution_traces=d.pop("execution_traces"),
-                 access_stats="access_stats.parquet")
-    return {"format": FORMAT, "version": VERSION, "created_unix": time.time(), "versions": versions(),
-            "command": d.pop("command"), "workload": d.pop("workload"), **d, "files": files}
+    files = dict(
+        traces=d.pop("traces"),
+        execution_traces=d.pop("execution_traces"),
+        access_stats="access_stats.parquet",
+    )
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "created_unix": time.time(),
+        "versions": versions(),
+        "command": d.pop("command"),
+        "workload": d.pop("workload"),
+        **d,
+        "files": files,
+    }
 
 
-def table_entries(metas: list[Any], spec_tables: dict[str, Any] | None = None,
-                  fitted: dict[str, float | None] | None = None) -> list[dict[str, Any]]:
+def table_entries(
+    metas: list[Any],
+    spec_tables: dict[str, Any] | None = None,
+    fitted: dict[str, float | None] | None = None,
+) -> list[dict[str, Any]]:
     """Manifest tables: what the sharded modules declare, plus the workload spec's pooling and skew."""
     out = []
     for m in metas:
         s = (spec_tables or {}).get(m.name)
-        out.append(dict(name=m.name, num_embeddings=m.num_embeddings, embedding_dim=m.embedding_dim,
-                        feature_names=list(m.features),
-                        pooling=getattr(s, "pooling", None), pooling_factor=getattr(s, "pooling_factor", None),
-                        zipf_alpha=getattr(s, "zipf_alpha", None), pooling_type=m.pooling_type, module=m.module,
-                        zipf_alpha_fitted=(fitted or {}).get(m.name)))
+        out.append(
+            dict(
+                name=m.name,
+                num_embeddings=m.num_embeddings,
+                embedding_dim=m.embedding_dim,
+                feature_names=list(m.features),
+                pooling=getattr(s, "pooling", None),
+                pooling_factor=getattr(s, "pooling_factor", None),
+                zipf_alpha=getattr(s, "zipf_alpha", None),
+                pooling_type=m.pooling_type,
+                module=m.module,
+                zipf_alpha_fitted=(fitted or {}).get(m.name),
+            )
+        )
     return out

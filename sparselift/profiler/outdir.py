@@ -20,7 +20,9 @@ def prepare_out_dir(path: str | Path, force: bool) -> Path:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise UserError(f"--out {out}: directory exists and is not empty (use --force to overwrite)")
+        raise UserError(
+            f"--out {out}: directory exists and is not empty (use --force to overwrite)"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".probe.", dir=out)
@@ -38,8 +40,17 @@ def write_access_stats(path: str | Path, rows: list[dict[str, Any]]) -> None:
     from sparselift.profiler.stats import COLUMNS
 
     df = pd.DataFrame(rows, columns=list(COLUMNS))
-    dtypes = {"table": "string", "rank": "int64", "step": "int64", "num_embeddings": "int64",
-              "embedding_dim": "int64", "batch_size": "int64", "ids": "int64", "unique_ids": "int64",
-              "pooling_max": "int64", "id_bytes": "int64"}
+    dtypes = {
+        "table": "string",
+        "rank": "int64",
+        "step": "int64",
+        "num_embeddings": "int64",
+        "embedding_dim": "int64",
+        "batch_size": "int64",
+        "ids": "int64",
+        "unique_ids": "int64",
+        "pooling_max": "int64",
+        "id_bytes": "int64",
+    }
     df = df.astype({**{c: "float64" for c in COLUMNS}, **dtypes})
     write_bytes(path, parquet_bytes(df))

@@ -78,12 +78,25 @@ def _peak_memory(device: torch.device) -> int:
 class ProfileSession:
     """Profile steps [warmup, warmup + steps) of the training loop on this rank."""
 
-    def __init__(self, out_dir: str | Path, model: nn.Module, *, warmup: int = 5, steps: int = 3,
-                 execution_trace: bool = False, pipeline: Any = None, write_files: bool = True,
-                 spec_tables: dict[str, Any] | None = None, command: list[str] | None = None,
-                 workload: str | None = None, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path,
+        model: nn.Module,
+        *,
+        warmup: int = 5,
+        steps: int = 3,
+        execution_trace: bool = False,
+        pipeline: Any = None,
+        write_files: bool = True,
+        spec_tables: dict[str, Any] | None = None,
+        command: list[str] | None = None,
+        workload: str | None = None,
+        device: torch.device | None = None,
+    ) -> None:
         if warmup < 0 or steps < 1:
-            raise UserError(f"profile window needs warmup >= 0 and steps >= 1, got warmup={warmup} steps={steps}")
+            raise UserError(
+                f"profile window needs warmup >= 0 and steps >= 1, got warmup={warmup} steps={steps}"
+            )
         import torch.distributed as dist
 
         self.modules = find_sharded_modules(model)
@@ -111,7 +124,9 @@ class ProfileSession:
         self._trace: TraceRecorder | None = None
         self._t0: float | None = None
         self._next = 0
-        self._guard(lambda: self.out_dir.mkdir(parents=True, exist_ok=True), f"creating {self.out_dir}")
+        self._guard(
+            lambda: self.out_dir.mkdir(parents=True, exist_ok=True), f"creating {self.out_dir}"
+        )
 
     # ------------------------------------------------------------------ the protocol the harness calls
 
@@ -147,15 +162,16 @@ class ProfileSession:
         """Close the window if training ended inside it; JSON-able summary (rank 0: rows and facts)."""
         if not self.done:
             self._close()
-        out: dict[str, Any] = dict(rank=self.rank, profiled_steps=self.profiled_steps, files=self.files,
-                                   errors=self.errors)
+        out: dict[str, Any] = dict(
+            rank=self.rank, profiled_steps=self.profiled_steps, files=self.files, errors=self.errors
+        )
         if self.result is not None:
             out.update(self.result)
         return out
 
     # ------------------------------------------------------------------ the user-facing loop API
 
-    def __enter__(self) -> "ProfileSession":
+    def __enter__(self) -> ProfileSession:
         self.step_begin(self._next)
         return self
 
@@ -179,8 +195,11 @@ class ProfileSession:
         except Exception as e:  # noqa: BLE001 - the profiler must never stop training
             msg = f"{what}: {type(e).__name__}: {e}"
             if not self.errors:
-                warnings.warn(f"sparselift profiler (rank {self.rank}): {msg}; training goes on",
-                              RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"sparselift profiler (rank {self.rank}): {msg}; training goes on",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             self.errors.append(msg)
             return None
 
@@ -202,10 +221,23 @@ class ProfileSession:
             self.files = written or []
             self._trace = None
         captures, self._recorder.captures = self._recorder.captures, []
-        steps = self._guard(lambda: rank_table_steps(self.tables, captures, self.rank), "access statistics") or []
-        report = RankReport(rank=self.rank, device=self.device.type, step_times_s=self.step_times_s,
-                            peak_memory_bytes=int(self._guard(lambda: _peak_memory(self.device), "peak memory") or 0),
-                            files=self.files, errors=list(self.errors), table_steps=steps)
+        steps = (
+            self._guard(
+                lambda: rank_table_steps(self.tables, captures, self.rank), "access statistics"
+            )
+            or []
+        )
+        report = RankReport(
+            rank=self.rank,
+            device=self.device.type,
+            step_times_s=self.step_times_s,
+            peak_memory_bytes=int(
+                self._guard(lambda: _peak_memory(self.device), "peak memory") or 0
+            ),
+            files=self.files,
+            errors=list(self.errors),
+            table_steps=steps,
+        )
         reports = self._guard(lambda: gather_to_rank0(report), "gathering ranks on rank 0")
         if self.rank == 0 and reports:
             self._guard(lambda: self._rank0(reports), "merging access statistics")
@@ -217,20 +249,31 @@ class ProfileSession:
         rows, alphas = access_rows(self.tables, steps)
         batch = next((s.batch_size for s in steps), None)
         facts = ProfileFacts(
-            world_size=self.world_size, local_world_size=self.local_world_size, device=self.device.type,
-            backend=self.backend, batch_size=batch, warmup=self.first, profiled_steps=self.profiled_steps,
-            tables=table_entries(self.tables, self.spec_tables, alphas), sharding=self.sharding,
-            pipeline=self.pipeline, step_times_s=[r.step_times_s for r in reports],
+            world_size=self.world_size,
+            local_world_size=self.local_world_size,
+            device=self.device.type,
+            backend=self.backend,
+            batch_size=batch,
+            warmup=self.first,
+            profiled_steps=self.profiled_steps,
+            tables=table_entries(self.tables, self.spec_tables, alphas),
+            sharding=self.sharding,
+            pipeline=self.pipeline,
+            step_times_s=[r.step_times_s for r in reports],
             peak_memory_bytes=[r.peak_memory_bytes for r in reports],
             traces=[trace_name(r.rank) for r in reports if trace_name(r.rank) in r.files],
             execution_traces=[et_name(r.rank) for r in reports if et_name(r.rank) in r.files],
-            command=self.command if self.command is not None else list(sys.argv), workload=self.workload,
+            command=self.command if self.command is not None else list(sys.argv),
+            workload=self.workload,
             errors=[f"rank {r.rank}: {e}" for r in reports for e in r.errors],
             gpu=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
         )
         self.result = dict(rows=rows, facts=asdict(facts))
         if self.write_files:
-            self._guard(lambda: write_profile(self.out_dir, rows, facts), f"writing the profile to {self.out_dir}")
+            self._guard(
+                lambda: write_profile(self.out_dir, rows, facts),
+                f"writing the profile to {self.out_dir}",
+            )
 
 
 def write_profile(out_dir: Path, rows: list[dict[str, Any]], facts: ProfileFacts) -> None:
@@ -260,11 +303,14 @@ class ProfiledPipeline:
         return getattr(self.pipeline, name)
 
 
-def profile_pipeline(pipeline: Any, out_dir: str | Path, *, warmup: int = 5, steps: int = 3,
-                     **kwargs: Any) -> ProfiledPipeline:
+def profile_pipeline(
+    pipeline: Any, out_dir: str | Path, *, warmup: int = 5, steps: int = 3, **kwargs: Any
+) -> ProfiledPipeline:
     """Wrap `pipeline` (its model must be DMP-sharded) so that its next steps are profiled."""
     model = getattr(pipeline, "_model", None)
     if model is None:
         raise UserError(f"{type(pipeline).__name__} has no `_model`: pass a TorchRec TrainPipeline")
-    return ProfiledPipeline(pipeline, ProfileSession(out_dir, model, warmup=warmup, steps=steps,
-                                                     pipeline=pipeline, **kwargs))
+    return ProfiledPipeline(
+        pipeline,
+        ProfileSession(out_dir, model, warmup=warmup, steps=steps, pipeline=pipeline, **kwargs),
+    )

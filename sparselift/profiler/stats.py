@@ -10,8 +10,9 @@ merges the histograms of all ranks and steps per table, which defines the table'
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -19,9 +20,24 @@ from sparselift.profiler.access import Capture, TableMeta
 from sparselift.profiler.zipf import fit_zipf_alpha
 
 # Column order of access_stats.parquet (docs/CONTRACTS.md).
-COLUMNS = ("table", "rank", "step", "num_embeddings", "embedding_dim", "batch_size", "ids", "unique_ids",
-           "pooling_mean", "pooling_p50", "pooling_p99", "pooling_max", "top1pct_share", "top10pct_share",
-           "id_bytes", "zipf_alpha")
+COLUMNS = (
+    "table",
+    "rank",
+    "step",
+    "num_embeddings",
+    "embedding_dim",
+    "batch_size",
+    "ids",
+    "unique_ids",
+    "pooling_mean",
+    "pooling_p50",
+    "pooling_p99",
+    "pooling_max",
+    "top1pct_share",
+    "top10pct_share",
+    "id_bytes",
+    "zipf_alpha",
+)
 
 
 @dataclass
@@ -52,25 +68,58 @@ def table_step(table: TableMeta, rank: int, step: int, kjt: Any) -> TableStep:
         lengths = torch.cat([jt.lengths().detach().reshape(-1).cpu() for jt in feats])
         itemsize = feats[0].values().element_size()
     else:
-        values, lengths, itemsize = torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64), 8
-    return table_step_from_tensors(table.name, rank, step, int(kjt.stride()), values, lengths, itemsize)
+        values, lengths, itemsize = (
+            torch.empty(0, dtype=torch.int64),
+            torch.empty(0, dtype=torch.int64),
+            8,
+        )
+    return table_step_from_tensors(
+        table.name, rank, step, int(kjt.stride()), values, lengths, itemsize
+    )
 
 
-def table_step_from_tensors(table: str, rank: int, step: int, batch_size: int, values: torch.Tensor,
-                            lengths: torch.Tensor, itemsize: int = 8) -> TableStep:
+def table_step_from_tensors(
+    table: str,
+    rank: int,
+    step: int,
+    batch_size: int,
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    itemsize: int = 8,
+) -> TableStep:
     uniq, counts = torch.unique(values.to(torch.int64), return_counts=True)
     if lengths.numel():
-        q = torch.quantile(lengths.to(torch.float64), torch.tensor([0.5, 0.99], dtype=torch.float64))
-        pooling = (float(lengths.sum()) / lengths.numel(), float(q[0]), float(q[1]), int(lengths.max()))
+        q = torch.quantile(
+            lengths.to(torch.float64), torch.tensor([0.5, 0.99], dtype=torch.float64)
+        )
+        pooling = (
+            float(lengths.sum()) / lengths.numel(),
+            float(q[0]),
+            float(q[1]),
+            int(lengths.max()),
+        )
     else:
         pooling = (0.0, 0.0, 0.0, 0)
-    return TableStep(table=table, rank=rank, step=step, batch_size=batch_size, ids=int(values.numel()),
-                     unique_ids=int(uniq.numel()), pooling_mean=pooling[0], pooling_p50=pooling[1],
-                     pooling_p99=pooling[2], pooling_max=pooling[3], id_bytes=int(values.numel()) * itemsize,
-                     uniq=uniq, counts=counts)
+    return TableStep(
+        table=table,
+        rank=rank,
+        step=step,
+        batch_size=batch_size,
+        ids=int(values.numel()),
+        unique_ids=int(uniq.numel()),
+        pooling_mean=pooling[0],
+        pooling_p50=pooling[1],
+        pooling_p99=pooling[2],
+        pooling_max=pooling[3],
+        id_bytes=int(values.numel()) * itemsize,
+        uniq=uniq,
+        counts=counts,
+    )
 
 
-def rank_table_steps(tables: list[TableMeta], captures: list[Capture], rank: int) -> list[TableStep]:
+def rank_table_steps(
+    tables: list[TableMeta], captures: list[Capture], rank: int
+) -> list[TableStep]:
     """Every (table, step) this rank captured; a module seen twice in a step counts both KJTs."""
     by_module: dict[str, list[TableMeta]] = {}
     for t in tables:
@@ -92,15 +141,26 @@ def _merge(a: TableStep, b: TableStep) -> TableStep:
     bags_a = a.ids / a.pooling_mean if a.pooling_mean else 0
     bags_b = b.ids / b.pooling_mean if b.pooling_mean else 0
     ids = a.ids + b.ids
-    return TableStep(table=a.table, rank=a.rank, step=a.step, batch_size=a.batch_size + b.batch_size, ids=ids,
-                     unique_ids=int(uniq.numel()),
-                     pooling_mean=ids / (bags_a + bags_b) if bags_a + bags_b else 0.0,
-                     pooling_p50=max(a.pooling_p50, b.pooling_p50), pooling_p99=max(a.pooling_p99, b.pooling_p99),
-                     pooling_max=max(a.pooling_max, b.pooling_max), id_bytes=a.id_bytes + b.id_bytes,
-                     uniq=uniq, counts=counts)
+    return TableStep(
+        table=a.table,
+        rank=a.rank,
+        step=a.step,
+        batch_size=a.batch_size + b.batch_size,
+        ids=ids,
+        unique_ids=int(uniq.numel()),
+        pooling_mean=ids / (bags_a + bags_b) if bags_a + bags_b else 0.0,
+        pooling_p50=max(a.pooling_p50, b.pooling_p50),
+        pooling_p99=max(a.pooling_p99, b.pooling_p99),
+        pooling_max=max(a.pooling_max, b.pooling_max),
+        id_bytes=a.id_bytes + b.id_bytes,
+        uniq=uniq,
+        counts=counts,
+    )
 
 
-def merge_histograms(hists: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_histograms(
+    hists: Iterable[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum (unique ids, counts) histograms into one."""
     hists = list(hists)
     if not hists:
@@ -108,10 +168,14 @@ def merge_histograms(hists: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tupl
     ids = torch.cat([h[0] for h in hists])
     cnt = torch.cat([h[1] for h in hists])
     uniq, inv = torch.unique(ids, return_inverse=True)
-    return uniq, torch.zeros(uniq.numel(), dtype=torch.int64).index_add_(0, inv, cnt.to(torch.int64))
+    return uniq, torch.zeros(uniq.numel(), dtype=torch.int64).index_add_(
+        0, inv, cnt.to(torch.int64)
+    )
 
 
-def hot_rows(uniq: torch.Tensor, counts: torch.Tensor, num_embeddings: int, share: float) -> torch.Tensor:
+def hot_rows(
+    uniq: torch.Tensor, counts: torch.Tensor, num_embeddings: int, share: float
+) -> torch.Tensor:
     """Ids of the top `share` of the table's rows by observed frequency (sorted)."""
     k = max(1, math.ceil(share * num_embeddings))
     order = torch.argsort(counts, descending=True, stable=True)
@@ -124,7 +188,9 @@ def hit_share(step: TableStep, hot: torch.Tensor) -> float:
     return float(step.counts[torch.isin(step.uniq, hot)].sum()) / step.ids
 
 
-def access_rows(tables: list[TableMeta], steps: list[TableStep]) -> tuple[list[dict[str, Any]], dict[str, float | None]]:
+def access_rows(
+    tables: list[TableMeta], steps: list[TableStep]
+) -> tuple[list[dict[str, Any]], dict[str, float | None]]:
     """Rank 0: rows of access_stats.parquet (COLUMNS order) and the fitted Zipf exponent per table."""
     meta = {t.name: t for t in tables}
     by_table: dict[str, list[TableStep]] = {}
@@ -139,11 +205,25 @@ def access_rows(tables: list[TableMeta], steps: list[TableStep]) -> tuple[list[d
         hot1 = hot_rows(uniq, counts, t.num_embeddings, 0.01)
         hot10 = hot_rows(uniq, counts, t.num_embeddings, 0.10)
         for s in group:
-            rows.append(dict(table=name, rank=s.rank, step=s.step, num_embeddings=t.num_embeddings,
-                             embedding_dim=t.embedding_dim, batch_size=s.batch_size, ids=s.ids,
-                             unique_ids=s.unique_ids, pooling_mean=s.pooling_mean, pooling_p50=s.pooling_p50,
-                             pooling_p99=s.pooling_p99, pooling_max=s.pooling_max,
-                             top1pct_share=hit_share(s, hot1), top10pct_share=hit_share(s, hot10),
-                             id_bytes=s.id_bytes, zipf_alpha=alphas[name]))
+            rows.append(
+                dict(
+                    table=name,
+                    rank=s.rank,
+                    step=s.step,
+                    num_embeddings=t.num_embeddings,
+                    embedding_dim=t.embedding_dim,
+                    batch_size=s.batch_size,
+                    ids=s.ids,
+                    unique_ids=s.unique_ids,
+                    pooling_mean=s.pooling_mean,
+                    pooling_p50=s.pooling_p50,
+                    pooling_p99=s.pooling_p99,
+                    pooling_max=s.pooling_max,
+                    top1pct_share=hit_share(s, hot1),
+                    top10pct_share=hit_share(s, hot10),
+                    id_bytes=s.id_bytes,
+                    zipf_alpha=alphas[name],
+                )
+            )
     rows.sort(key=lambda r: (r["table"], r["rank"], r["step"]))
     return rows, alphas

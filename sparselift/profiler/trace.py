@@ -26,7 +26,9 @@ def et_name(rank: int) -> str:
 class TraceRecorder:
     """Kineto trace (+ optional execution trace) of the steps between `start` and `stop`."""
 
-    def __init__(self, out_dir: Path, rank: int, device: torch.device, execution_trace: bool = False) -> None:
+    def __init__(
+        self, out_dir: Path, rank: int, device: torch.device, execution_trace: bool = False
+    ) -> None:
         self.out_dir, self.rank, self.device = Path(out_dir), rank, device
         self._et_tmp = self.out_dir / f".{et_name(rank)}.{os.getpid()}.tmp"
         self._et: ExecutionTraceObserver | None = None
@@ -35,7 +37,9 @@ class TraceRecorder:
         activities = [ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
-        self._prof = profile(activities=activities, record_shapes=True, execution_trace_observer=self._et)
+        self._prof = profile(
+            activities=activities, record_shapes=True, execution_trace_observer=self._et
+        )
         self._step: Any = None
         self.running = False
 
@@ -67,7 +71,7 @@ class TraceRecorder:
         names = []
         final = self.out_dir / trace_name(self.rank)
         # export_chrome_trace gzips when the name ends in .gz
-        tmp = self.out_dir / f".{final.name[:-len('.json.gz')]}.{os.getpid()}.tmp.json.gz"
+        tmp = self.out_dir / f".{final.name[: -len('.json.gz')]}.{os.getpid()}.tmp.json.gz"
         try:
             self._prof.export_chrome_trace(str(tmp))
             os.replace(tmp, final)

@@ -28,8 +28,14 @@ def _rank_groups(rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     los, his = [exact], [exact + 1]
     if rows > _EXACT_ROWS:
         n = math.ceil(math.log((rows + 1) / (_EXACT_ROWS + 1)) / math.log(_GROUP_RATIO))
-        edges = torch.unique(torch.floor((_EXACT_ROWS + 1) * _GROUP_RATIO ** torch.arange(n + 1, dtype=torch.float64)))
-        edges = torch.cat([edges[edges < rows + 1], torch.tensor([rows + 1.0], dtype=torch.float64)])
+        edges = torch.unique(
+            torch.floor(
+                (_EXACT_ROWS + 1) * _GROUP_RATIO ** torch.arange(n + 1, dtype=torch.float64)
+            )
+        )
+        edges = torch.cat(
+            [edges[edges < rows + 1], torch.tensor([rows + 1.0], dtype=torch.float64)]
+        )
         los.append(edges[:-1])
         his.append(edges[1:])
     lo, hi = torch.cat(los), torch.cat(his)

@@ -10,8 +10,8 @@ ids are hashed into at most that many rows, exactly like a capped production tab
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torchrec.datasets.utils import Batch
@@ -74,13 +74,18 @@ class SyntheticBatches:
             for fi, _ in enumerate(t.features):
                 ln = sample_lengths(t, b, g)
                 n = int(ln.sum())
-                ids = scatter_ids(zipf_ranks(n, t.num_embeddings, t.zipf_alpha, g), t.num_embeddings,
-                                  salt=7919 * (ti + 1) + fi)
+                ids = scatter_ids(
+                    zipf_ranks(n, t.num_embeddings, t.zipf_alpha, g),
+                    t.num_embeddings,
+                    salt=7919 * (ti + 1) + fi,
+                )
                 if self.max_rows:
                     ids = ids % min(self.max_rows, t.num_embeddings)
                 values.append(ids)
                 lengths.append(ln)
-        kjt = KeyedJaggedTensor(keys=self._keys, values=torch.cat(values), lengths=torch.cat(lengths))
+        kjt = KeyedJaggedTensor(
+            keys=self._keys, values=torch.cat(values), lengths=torch.cat(lengths)
+        )
         dense = torch.rand(b, self.spec.dense_in_features, generator=g)
         labels = torch.randint(0, 2, (b,), generator=g).float()
         return Batch(dense_features=dense, sparse_features=kjt, labels=labels)

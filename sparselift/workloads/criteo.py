@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from torchrec.datasets.criteo import CAT_FEATURE_COUNT, InMemoryBinaryCriteoIterDataPipe
 from torchrec.datasets.utils import Batch
@@ -27,7 +27,9 @@ def day_files(data_dir: str | Path) -> tuple[list[str], list[str], list[str]]:
         raise UserError(f"--data {root}: not a directory")
     days = sorted(int(m.group(1)) for p in root.iterdir() if (m := _DAY.search(p.name)))
     if not days:
-        raise UserError(f"--data {root}: no day_<N>_dense.npy files (TorchRec's preprocessed Criteo format)")
+        raise UserError(
+            f"--data {root}: no day_<N>_dense.npy files (TorchRec's preprocessed Criteo format)"
+        )
     paths: tuple[list[str], list[str], list[str]] = ([], [], [])
     for d in days:
         for kind, out in zip(("dense", "sparse", "labels"), paths):
@@ -38,18 +40,30 @@ def day_files(data_dir: str | Path) -> tuple[list[str], list[str], list[str]]:
     return paths
 
 
-def criteo_batches(data_dir: str | Path, batch_size: int, rank: int, world_size: int,
-                   table_rows: Sequence[int]) -> Iterator[Batch]:
+def criteo_batches(
+    data_dir: str | Path, batch_size: int, rank: int, world_size: int, table_rows: Sequence[int]
+) -> Iterator[Batch]:
     """Endless batches of this rank's share of the days, each feature's ids hashed into its table's
     rows (`table_rows`, in feature order cat_0 … cat_25)."""
     if len(table_rows) != CAT_FEATURE_COUNT:
-        raise UserError(f"--data needs a workload with {CAT_FEATURE_COUNT} tables (Criteo's cat_0 … cat_25), "
-                        f"got {len(table_rows)}")
+        raise UserError(
+            f"--data needs a workload with {CAT_FEATURE_COUNT} tables (Criteo's cat_0 … cat_25), "
+            f"got {len(table_rows)}"
+        )
     dense, sparse, labels = day_files(data_dir)
     pipe = InMemoryBinaryCriteoIterDataPipe(
-        stage="train", dense_paths=dense, sparse_paths=sparse, labels_paths=labels,
-        batch_size=batch_size, rank=rank, world_size=world_size, drop_last=True, hashes=list(table_rows),
+        stage="train",
+        dense_paths=dense,
+        sparse_paths=sparse,
+        labels_paths=labels,
+        batch_size=batch_size,
+        rank=rank,
+        world_size=world_size,
+        drop_last=True,
+        hashes=list(table_rows),
     )
     if len(pipe) == 0:
-        raise UserError(f"--data {data_dir}: fewer than {batch_size * world_size} samples for one batch per rank")
+        raise UserError(
+            f"--data {data_dir}: fewer than {batch_size * world_size} samples for one batch per rank"
+        )
     return itertools.chain.from_iterable(itertools.repeat(pipe))

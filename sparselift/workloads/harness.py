@@ -18,9 +18,10 @@ import resource
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 from sparselift.errors import UserError
 from sparselift.workloads.spec import WorkloadSpec, load_workload
@@ -37,7 +38,9 @@ class TrainConfig:
     steps: int = 30
     warmup: int = 5
     max_rows: int | None = None
-    plan: str | None = None  # a SparseLift plan file; None: TorchRec's planner for the real topology
+    plan: str | None = (
+        None  # a SparseLift plan file; None: TorchRec's planner for the real topology
+    )
     pipeline: str | None = None  # None: the plan's choice, else "base"
     batch_size: int | None = None  # per rank; None: the workload's
     seed: int = 0
@@ -56,7 +59,9 @@ class TrainConfig:
         if self.warmup < 0:
             raise UserError(f"--warmup must be >= 0, got {self.warmup}")
         if self.pipeline is not None and self.pipeline not in PIPELINES:
-            raise UserError(f"--pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}")
+            raise UserError(
+                f"--pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}"
+            )
         if self.batch_size is not None and self.batch_size < 1:
             raise UserError(f"--batch-size must be positive, got {self.batch_size}")
         if self.data is not None:
@@ -64,7 +69,9 @@ class TrainConfig:
 
             day_files(self.data)
         spec = load_workload(self.workload)
-        capped = spec.capped(self.max_rows)  # a bad --max-rows is refused here, before any rank starts
+        capped = spec.capped(
+            self.max_rows
+        )  # a bad --max-rows is refused here, before any rank starts
         if self.plan is not None:
             from sparselift import plans
 
@@ -105,7 +112,9 @@ class TrainResult:
         return dataclasses.asdict(self)
 
     def summary(self) -> str:
-        mem = ", ".join(f"rank {r}: {m / 2**20:.0f} MiB" for r, m in enumerate(self.peak_memory_bytes))
+        mem = ", ".join(
+            f"rank {r}: {m / 2**20:.0f} MiB" for r, m in enumerate(self.peak_memory_bytes)
+        )
         return (
             f"{self.workload}: {self.world_size} ranks ({self.device}/{self.backend}), pipeline {self.pipeline}, "
             f"batch {self.batch_size}/rank, {self.steps} steps after {self.warmup} warm-up\n"
@@ -136,15 +145,27 @@ def run_training(cfg: TrainConfig) -> TrainResult:
 
 def summarize(cfg: TrainConfig, spec: WorkloadSpec, ranks: list[RankResult]) -> TrainResult:
     """Steady state: per measured step the slowest rank's time, then the median over steps."""
-    per_step = [max(r.step_times_s[i] for r in ranks) for i in range(cfg.warmup, cfg.warmup + cfg.steps)]
+    per_step = [
+        max(r.step_times_s[i] for r in ranks) for i in range(cfg.warmup, cfg.warmup + cfg.steps)
+    ]
     med = statistics.median(per_step)
     batch = cfg.batch_size or spec.batch_size
     return TrainResult(
-        workload=spec.name, world_size=len(ranks), batch_size=batch, steps=cfg.steps, warmup=cfg.warmup,
-        pipeline=ranks[0].pipeline, device=ranks[0].device, backend=ranks[0].backend,
-        steps_per_s=1.0 / med, samples_per_s=batch * len(ranks) / med, step_time_s_median=med,
-        step_time_s_min=min(per_step), step_time_s_max=max(per_step),
-        peak_memory_bytes=[r.peak_memory_bytes for r in ranks], ranks=ranks,
+        workload=spec.name,
+        world_size=len(ranks),
+        batch_size=batch,
+        steps=cfg.steps,
+        warmup=cfg.warmup,
+        pipeline=ranks[0].pipeline,
+        device=ranks[0].device,
+        backend=ranks[0].backend,
+        steps_per_s=1.0 / med,
+        samples_per_s=batch * len(ranks) / med,
+        step_time_s_median=med,
+        step_time_s_min=min(per_step),
+        step_time_s_max=max(per_step),
+        peak_memory_bytes=[r.peak_memory_bytes for r in ranks],
+        ranks=ranks,
     )
 
 
@@ -189,16 +210,26 @@ def peak_memory_bytes(device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def batches_for_rank(cfg: TrainConfig, spec: WorkloadSpec, rank: int, world_size: int) -> Iterator[Any]:
+def batches_for_rank(
+    cfg: TrainConfig, spec: WorkloadSpec, rank: int, world_size: int
+) -> Iterator[Any]:
     if cfg.data:
         from sparselift.workloads.criteo import criteo_batches
 
-        return criteo_batches(cfg.data, cfg.batch_size or spec.batch_size, rank, world_size,
-                              [t.num_embeddings for t in spec.capped(cfg.max_rows).tables])
+        return criteo_batches(
+            cfg.data,
+            cfg.batch_size or spec.batch_size,
+            rank,
+            world_size,
+            [t.num_embeddings for t in spec.capped(cfg.max_rows).tables],
+        )
     from sparselift.workloads.batches import SyntheticBatches
 
-    return iter(SyntheticBatches(spec, rank=rank, seed=cfg.seed, max_rows=cfg.max_rows,
-                                 batch_size=cfg.batch_size))
+    return iter(
+        SyntheticBatches(
+            spec, rank=rank, seed=cfg.seed, max_rows=cfg.max_rows, batch_size=cfg.batch_size
+        )
+    )
 
 
 def made_ahead(batches: Iterator[Any], n: int, budget: int = AHEAD_BYTES) -> Iterator[Any]:
@@ -246,8 +277,18 @@ def train_rank(cfg: TrainConfig) -> RankResult:
     optimizer = build_optimizer(model)
     pipeline_name = cfg.pipeline or (plan.pipeline if plan is not None else "base")
     pipeline = make_pipeline(pipeline_name, model, optimizer, device)
-    ctx = RankContext(cfg=cfg, spec=trained, rank=rank, world_size=world, local_world_size=local_world,
-                      device=device, backend=backend, model=model, pipeline=pipeline, plan=plan)
+    ctx = RankContext(
+        cfg=cfg,
+        spec=trained,
+        rank=rank,
+        world_size=world,
+        local_world_size=local_world,
+        device=device,
+        backend=backend,
+        model=model,
+        pipeline=pipeline,
+        plan=plan,
+    )
     hook = load_hook(cfg, ctx)
     total = cfg.warmup + cfg.steps
     batches = made_ahead(batches_for_rank(cfg, spec, rank, world), total + PIPELINE_DEPTH)
@@ -269,5 +310,12 @@ def train_rank(cfg: TrainConfig) -> RankResult:
             print(f"  step {step + 1}/{total} ({phase}) {times[-1] * 1e3:.1f} ms", flush=True)
     extra = hook.finish() if hook else {}
     dist.barrier()
-    return RankResult(rank=rank, step_times_s=times, peak_memory_bytes=peak_memory_bytes(device),
-                      pipeline=pipeline_name, device=device.type, backend=backend, extra=extra)
+    return RankResult(
+        rank=rank,
+        step_times_s=times,
+        peak_memory_bytes=peak_memory_bytes(device),
+        pipeline=pipeline_name,
+        device=device.type,
+        backend=backend,
+        extra=extra,
+    )

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 from sparselift.errors import UserError
 
@@ -30,9 +30,15 @@ def launch(nproc: int, module: str, args: Sequence[str], *, monitor_interval: fl
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.ERROR)
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"sparselift-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-        monitor_interval=monitor_interval, start_method="spawn",
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"sparselift-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=monitor_interval,
+        start_method="spawn",
     )
     # One thread per rank unless the user says otherwise: ranks share the host's cores.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -50,6 +56,8 @@ def _describe(e) -> str:
             msg = msg.get("message", "")
         msg = str(msg or "").strip()
         if not msg or msg.startswith("To enable traceback"):
-            msg = f"exit code {failure.exitcode}" + (f" (signal {failure.signal_name()})" if failure.exitcode < 0 else "")
+            msg = f"exit code {failure.exitcode}" + (
+                f" (signal {failure.signal_name()})" if failure.exitcode < 0 else ""
+            )
         parts.append(f"rank {rank} failed: {msg.splitlines()[0] if msg else ''}")
     return "; ".join(parts)

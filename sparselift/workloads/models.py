@@ -20,8 +20,12 @@ from sparselift.workloads.spec import WorkloadSpec
 
 def table_configs(spec: WorkloadSpec) -> list[EmbeddingBagConfig]:
     return [
-        EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
-                           feature_names=list(t.features))
+        EmbeddingBagConfig(
+            name=t.name,
+            embedding_dim=t.embedding_dim,
+            num_embeddings=t.num_embeddings,
+            feature_names=list(t.features),
+        )
         for t in spec.tables
     ]
 
@@ -29,36 +33,61 @@ def table_configs(spec: WorkloadSpec) -> list[EmbeddingBagConfig]:
 class ConcatMLP(nn.Module):
     """Pooled embeddings of any dims concatenated with the dense tower's output, then an MLP."""
 
-    def __init__(self, ebc: EmbeddingBagCollection, dense_in_features: int, dense_arch: list[int],
-                 over_arch: list[int], dense_device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        ebc: EmbeddingBagCollection,
+        dense_in_features: int,
+        dense_arch: list[int],
+        over_arch: list[int],
+        dense_device: torch.device | None = None,
+    ) -> None:
         super().__init__()
         self.embedding_bag_collection = ebc
         self.dense_arch = MLP(dense_in_features, dense_arch, device=dense_device)
-        pooled_dim = sum(c.embedding_dim * len(c.feature_names) for c in ebc.embedding_bag_configs())
+        pooled_dim = sum(
+            c.embedding_dim * len(c.feature_names) for c in ebc.embedding_bag_configs()
+        )
         self.over_arch = nn.Sequential(
             MLP(dense_arch[-1] + pooled_dim, list(over_arch[:-1]), device=dense_device)
-            if len(over_arch) > 1 else nn.Identity(),
-            nn.Linear(over_arch[-2] if len(over_arch) > 1 else dense_arch[-1] + pooled_dim, over_arch[-1],
-                      device=dense_device),
+            if len(over_arch) > 1
+            else nn.Identity(),
+            nn.Linear(
+                over_arch[-2] if len(over_arch) > 1 else dense_arch[-1] + pooled_dim,
+                over_arch[-1],
+                device=dense_device,
+            ),
         )
 
-    def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+    def forward(
+        self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
+    ) -> torch.Tensor:
         pooled = self.embedding_bag_collection(sparse_features).values()
         return self.over_arch(torch.cat([self.dense_arch(dense_features), pooled], dim=1))
 
 
-def build_model(spec: WorkloadSpec, dense_device: torch.device | None = None,
-                embedding_device: torch.device = torch.device("meta")) -> DLRMTrain:
+def build_model(
+    spec: WorkloadSpec,
+    dense_device: torch.device | None = None,
+    embedding_device: torch.device = torch.device("meta"),
+) -> DLRMTrain:
     """The train module (loss + logits) for `spec`; tables on `meta` unless asked (unsharded use)."""
     ebc = EmbeddingBagCollection(tables=table_configs(spec), device=embedding_device)
     m = spec.model
-    common = dict(dense_in_features=spec.dense_in_features, dense_arch_layer_sizes=list(m.dense_arch),
-                  over_arch_layer_sizes=list(m.over_arch), dense_device=dense_device)
+    common = dict(
+        dense_in_features=spec.dense_in_features,
+        dense_arch_layer_sizes=list(m.dense_arch),
+        over_arch_layer_sizes=list(m.over_arch),
+        dense_device=dense_device,
+    )
     if m.arch == "dlrm":
         core: nn.Module = DLRM(ebc, **common)
     elif m.arch == "dlrm-dcn":
-        core = DLRM_DCN(ebc, dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank_dim, **common)
+        core = DLRM_DCN(
+            ebc, dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank_dim, **common
+        )
     else:
-        core = ConcatMLP(ebc, spec.dense_in_features, list(m.dense_arch), list(m.over_arch), dense_device)
+        core = ConcatMLP(
+            ebc, spec.dense_in_features, list(m.dense_arch), list(m.over_arch), dense_device
+        )
     # DLRMTrain only needs `model(dense, sparse) -> logits`, which ConcatMLP provides too.
     return DLRMTrain(core)  # type: ignore[arg-type]

@@ -33,8 +33,13 @@ def embedding_modules(model: nn.Module) -> list[EmbeddingBagCollection]:
     return [m for m in model.modules() if isinstance(m, EmbeddingBagCollection)]
 
 
-def shard(spec: WorkloadSpec, pg: Any, device: torch.device, plan: Any = None,
-          local_world_size: int | None = None) -> DistributedModelParallel:
+def shard(
+    spec: WorkloadSpec,
+    pg: Any,
+    device: torch.device,
+    plan: Any = None,
+    local_world_size: int | None = None,
+) -> DistributedModelParallel:
     """Build `spec`'s model and shard it with `plan` (a sparselift Plan) or TorchRec's planner."""
     model = build_model(spec, dense_device=device)
     for ebc in embedding_modules(model):
@@ -43,22 +48,32 @@ def shard(spec: WorkloadSpec, pg: Any, device: torch.device, plan: Any = None,
         return plan.apply(model, pg=pg, device=device)
     world = pg.size()
     sharders = [EmbeddingBagCollectionSharder()]
-    topology = Topology(world_size=world, compute_device=device.type,
-                        local_world_size=local_world_size or world)
+    topology = Topology(
+        world_size=world, compute_device=device.type, local_world_size=local_world_size or world
+    )
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=spec.batch_size)
     sharding_plan = planner.collective_plan(model, sharders, pg)
-    return DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), device=device,
-                                    plan=sharding_plan, sharders=sharders)
+    return DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(pg),
+        device=device,
+        plan=sharding_plan,
+        sharders=sharders,
+    )
 
 
 def build_optimizer(model: DistributedModelParallel) -> CombinedOptimizer:
     """The fused embedding optimizer plus Adagrad over every dense parameter."""
-    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
-                                  lambda params: torch.optim.Adagrad(params, lr=DENSE_LR))
+    dense = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(model.named_parameters())),
+        lambda params: torch.optim.Adagrad(params, lr=DENSE_LR),
+    )
     return CombinedOptimizer([model.fused_optimizer, dense])
 
 
-def make_pipeline(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device):
+def make_pipeline(
+    name: str, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+):
     """TorchRec's TrainPipelineBase ("base") or TrainPipelineSparseDist ("sparse-dist")."""
     from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 

@@ -54,21 +54,29 @@ class WorkloadSpec:
     description: str = ""
     source: str = ""  # where it was read from, for messages
 
-    def capped(self, max_rows: int | None) -> "WorkloadSpec":
+    def capped(self, max_rows: int | None) -> WorkloadSpec:
         """The same workload with every table's rows hashed into at most `max_rows`."""
         if not max_rows:
             return self
         if max_rows < 1:
             raise UserError(f"--max-rows must be positive, got {max_rows}")
         tables = tuple(
-            dataclasses.replace(t, num_embeddings=min(t.num_embeddings, max_rows)) for t in self.tables
+            dataclasses.replace(t, num_embeddings=min(t.num_embeddings, max_rows))
+            for t in self.tables
         )
         return dataclasses.replace(self, tables=tables)
 
     def fingerprints(self) -> list[dict[str, Any]]:
         """Its tables as a plan file's model fingerprint (what a plan must match)."""
-        return [dict(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
-                     feature_names=list(t.features)) for t in self.tables]
+        return [
+            dict(
+                name=t.name,
+                num_embeddings=t.num_embeddings,
+                embedding_dim=t.embedding_dim,
+                feature_names=list(t.features),
+            )
+            for t in self.tables
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -85,8 +93,11 @@ class WorkloadSpec:
 
 
 def builtin_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files(__package__).joinpath("builtin").iterdir()
-                  if p.name.endswith(".json"))
+    return sorted(
+        p.name[:-5]
+        for p in resources.files(__package__).joinpath("builtin").iterdir()
+        if p.name.endswith(".json")
+    )
 
 
 def load_workload(name_or_path: str | Path) -> WorkloadSpec:
@@ -94,7 +105,9 @@ def load_workload(name_or_path: str | Path) -> WorkloadSpec:
     text_path = str(name_or_path)
     if text_path in builtin_names():
         res = resources.files(__package__).joinpath("builtin", f"{text_path}.json")
-        return parse_workload(_load_json(res.read_text(), f"built-in workload {text_path}"), text_path)
+        return parse_workload(
+            _load_json(res.read_text(), f"built-in workload {text_path}"), text_path
+        )
     path = Path(text_path)
     if not path.is_file():
         raise UserError(
@@ -108,7 +121,9 @@ def _load_json(text: str, where: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise UserError(f"{where}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        raise UserError(
+            f"{where}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"
+        ) from None
 
 
 def _get(d: dict, key: str, kind: type | tuple, where: str, default: Any = ...) -> Any:
@@ -124,8 +139,12 @@ def _get(d: dict, key: str, kind: type | tuple, where: str, default: Any = ...) 
 
 def _kind_name(kind: type | tuple) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({int: "an integer", float: "a number", str: "a string", list: "a list",
-                        dict: "an object"}[k] for k in kinds)
+    return " or ".join(
+        {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object"}[
+            k
+        ]
+        for k in kinds
+    )
 
 
 def parse_workload(d: Any, source: str) -> WorkloadSpec:
@@ -146,14 +165,20 @@ def parse_workload(d: Any, source: str) -> WorkloadSpec:
     layers = {}
     for key in ("dense_arch", "over_arch"):
         sizes = _get(m, key, list, f"{source}: model")
-        if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
+        if not sizes or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes
+        ):
             raise UserError(f"{source}: model.{key} must be a non-empty list of positive integers")
         layers[key] = tuple(sizes)
     if layers["over_arch"][-1] != 1:
-        raise UserError(f"{source}: model.over_arch must end in 1 (one logit), got {layers['over_arch'][-1]}")
+        raise UserError(
+            f"{source}: model.over_arch must end in 1 (one logit), got {layers['over_arch'][-1]}"
+        )
     model = ModelSpec(
         arch=arch,
-        interaction=_get(m, "interaction", str, f"{source}: model", "dcn" if arch == "dlrm-dcn" else "dot"),
+        interaction=_get(
+            m, "interaction", str, f"{source}: model", "dcn" if arch == "dlrm-dcn" else "dot"
+        ),
         dcn_num_layers=_get(m, "dcn_num_layers", int, f"{source}: model", 3),
         dcn_low_rank_dim=_get(m, "dcn_low_rank_dim", int, f"{source}: model", 512),
         **layers,
@@ -171,8 +196,15 @@ def parse_workload(d: Any, source: str) -> WorkloadSpec:
                 f"{source}: {arch} needs every table's embedding_dim equal to dense_arch's last layer "
                 f"({last}); tables {', '.join(wrong)} differ (use arch concat-mlp for mixed dims)"
             )
-    return WorkloadSpec(name=name, batch_size=batch_size, dense_in_features=dense_in, model=model,
-                        tables=tables, description=d.get("description", ""), source=source)
+    return WorkloadSpec(
+        name=name,
+        batch_size=batch_size,
+        dense_in_features=dense_in,
+        model=model,
+        tables=tables,
+        description=d.get("description", ""),
+        source=source,
+    )
 
 
 def _parse_table(t: Any, i: int, source: str) -> TableSpec:
@@ -201,8 +233,15 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
     features = tuple(_get(t, "feature_names", list, where, []))
     if not all(isinstance(f, str) and f for f in features):
         raise UserError(f"{where}: feature_names must be a list of non-empty strings")
-    return TableSpec(name=name, num_embeddings=rows, embedding_dim=dim, pooling_factor=pf,
-                     pooling=pooling, zipf_alpha=alpha, feature_names=features)
+    return TableSpec(
+        name=name,
+        num_embeddings=rows,
+        embedding_dim=dim,
+        pooling_factor=pf,
+        pooling=pooling,
+        zipf_alpha=alpha,
+        feature_names=features,
+    )
 
 
 def _check_unique(tables: tuple[TableSpec, ...], source: str) -> None:
@@ -214,5 +253,7 @@ def _check_unique(tables: tuple[TableSpec, ...], source: str) -> None:
         seen_tables.add(t.name)
         for f in t.features:
             if f in seen_features:
-                raise UserError(f"{source}: table {t.name!r}: feature {f!r} is already fed to another table")
+                raise UserError(
+                    f"{source}: table {t.name!r}: feature {f!r} is already fed to another table"
+                )
             seen_features.add(f)
