@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_rows = 100_000
 
     from sparselift import plans as splans
-    from sparselift.analysis.commands import analyze
+    from sparselift.analysis.pipeline import analyze
     from sparselift.optimizer.cost_model import predict_plan
     from sparselift.optimizer.stats import stats_from_profile
     from sparselift.optimizer.topology import preset

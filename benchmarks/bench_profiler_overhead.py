@@ -16,7 +16,7 @@ import argparse
 import statistics
 import tempfile
 
-from sparselift.profiler.commands import HOOK
+from sparselift.cli.profile import HOOK
 from sparselift.workloads.harness import TrainConfig, run_training
 
 

@@ -1,4 +1,4 @@
-"""`sparselift bench`: measure plans against each other with the training harness.
+"""Measure plans against each other with the training harness (`sparselift bench`).
 
 Runs are interleaved (A B A B …, one round = every contender once) so that drift of a shared
 machine — thermal, other jobs — hits every plan alike; each contender's figure is the median of its
@@ -7,7 +7,6 @@ rounds' steps/s, and the ratio is to the first contender. Every plan is validate
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
@@ -106,40 +105,3 @@ def run_bench(
     return BenchResult(
         workload=spec.name, nproc=base.nproc, rounds=rounds, steps=base.steps, contenders=contenders
     )
-
-
-def register(sub) -> None:
-    from sparselift.workloads.commands import add_training_args
-
-    p = sub.add_parser(
-        "bench", help="measure plans against each other (interleaved runs, steps/s, ratios)"
-    )
-    add_training_args(p)
-    p.add_argument(
-        "--plan", action="append", default=[], metavar="PLAN", help="a plan file; repeat for more"
-    )
-    p.add_argument(
-        "--vs", choices=(TORCHREC,), default=None, help="also measure TorchRec's own plan"
-    )
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    p.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON")
-    p.set_defaults(run=run_bench_command)
-
-
-def run_bench_command(args: argparse.Namespace) -> int:
-    import sys
-
-    from sparselift.atomic import write_json
-    from sparselift.workloads.commands import config_from_args
-
-    contenders = contenders_for(args.plan, args.vs == TORCHREC)
-    result = run_bench(
-        config_from_args(args),
-        contenders,
-        args.rounds,
-        echo=lambda s: print(s, file=sys.stderr, flush=True),
-    )
-    print(result.table())
-    if args.json:
-        write_json(args.json, result.to_json())
-    return 0

@@ -8,7 +8,7 @@ import pytest
 
 from sparselift import plans
 from sparselift.analysis.calibration import FORMAT, UNITS, _fit_calls, dp_allreduce_fit, sync_wait
-from sparselift.analysis.commands import analyze, write_outputs
+from sparselift.analysis.pipeline import analyze, write_outputs
 from sparselift.errors import UserError
 from sparselift.optimizer.calibration import coefficients, load_calibration
 from sparselift.optimizer.cost_model import predict_plan

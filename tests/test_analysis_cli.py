@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparselift.analysis.commands import OUTPUTS
+from sparselift.analysis.pipeline import OUTPUTS
 from sparselift.cli import main
 
 FIX = Path(__file__).parent / "fixtures"

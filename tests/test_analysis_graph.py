@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sparselift.analysis.commands import analyze
+from sparselift.analysis.pipeline import analyze
 from sparselift.analysis.reconstruct import STAGE_ORDER
 
 FIX = Path(__file__).parent / "fixtures"

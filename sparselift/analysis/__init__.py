@@ -5,5 +5,5 @@ Each module does one job and is a set of functions over pandas DataFrames (HTA s
 `names` (TorchRec's record_function names, matched tolerantly), `reconstruct` (nodes, edges,
 cross-rank collectives), `summary`, `calibration` (fit + calibration.json; a plan's step time
 is predicted from it by the optimizer's cost model, `sparselift.optimizer.cost_model.predict_plan`),
-`commands` (`sparselift analyze`).
+`pipeline` (the front door: `analyze()` → `Analysis`, `write_outputs`).
 """

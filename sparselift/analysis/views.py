@@ -24,7 +24,7 @@ class ProfileView:
     path: Path
     manifest: dict[str, Any]
     access: pd.DataFrame
-    analysis: Any  # sparselift.analysis.commands.Analysis
+    analysis: Any  # sparselift.analysis.pipeline.Analysis
 
     @property
     def summary(self) -> pd.DataFrame:
@@ -34,7 +34,7 @@ class ProfileView:
 def open_profile(path: str | Path, analysis: Any = None) -> ProfileView:
     """Analyze a profile directory unless given its analysis (traces parse once, cached); the
     manifest and access statistics are the ones the analysis read and checked."""
-    from sparselift.analysis.commands import analyze
+    from sparselift.analysis.pipeline import analyze
 
     a = analysis if analysis is not None else analyze(path)
     return ProfileView(path=Path(path), manifest=a.manifest, access=a.access_stats, analysis=a)

@@ -1,4 +1,7 @@
-"""`sparselift`: the one command-line entry point. Each stage adds its own sub-commands.
+"""`sparselift`: the one command-line entry point; one module here per command family.
+
+The CLI modules parse arguments and print; the work is done by each stage's front door
+(`workloads.harness`, `profiler`, `analysis.pipeline`, `optimizer.optimize`, `plans`).
 
 Bad input is one line on stderr and exit code 2; a failed rank is its error and exit code 1.
 """
@@ -11,29 +14,29 @@ import sys
 
 # Each module has `register(subparsers)`, which adds its sub-commands with `set_defaults(run=...)`.
 COMMAND_MODULES = (
-    "sparselift.workloads.commands",
-    "sparselift.profiler.commands",
-    "sparselift.analysis.commands",
-    "sparselift.optimizer.commands",
-    "sparselift.plans.commands",
+    "sparselift.cli.train",
+    "sparselift.cli.profile",
+    "sparselift.cli.analyze",
+    "sparselift.cli.optimize",
+    "sparselift.cli.plan",
+    "sparselift.cli.bench",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparselift", description=__doc__.splitlines()[0])
+    """The `sparselift` parser with every command registered."""
+    parser = argparse.ArgumentParser(
+        prog="sparselift",
+        description="Profile, analyze and optimize the sparse path of TorchRec training.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:  # a stage not built yet
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit code (2 bad input, 1 a failed rank, 130 interrupted)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
@@ -49,7 +52,3 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

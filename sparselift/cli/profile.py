@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparselift.workloads.commands import add_training_args, config_from_args
+from sparselift.cli.train import add_training_args, config_from_args
 
 HOOK = "sparselift.profiler.hook:make_hook"
 OUR_FILES = (

@@ -1,4 +1,4 @@
-"""`sparselift plan show|validate|diff|from-torchrec|round-robin` and `sparselift bench`.
+"""`sparselift plan show|validate|diff|from-torchrec|round-robin`.
 
 CLI code: unlike the loader it may import the rest of SparseLift (workload specs, model builders).
 Bad input raises PlanError / UserError, which the CLI prints as one line with exit code 2.
@@ -63,10 +63,6 @@ def register(sub) -> None:
     )
     _add_topology_args(q)
     q.set_defaults(run=run_round_robin, command="plan round-robin")
-
-    from sparselift.bench import register as register_bench
-
-    register_bench(sub)
 
 
 def _add_topology_args(q: argparse.ArgumentParser) -> None:

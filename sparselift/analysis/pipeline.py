@@ -1,0 +1,106 @@
+"""The analysis stage's front door: a profile directory → `Analysis` (graph, summary, calibration).
+
+Everything is computed before anything is written, and each output file is written to a temp name
+then renamed, so bad input leaves no output behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sparselift.analysis.calibration import Calibration, calibrate
+from sparselift.analysis.names import SPARSE_STAGES
+from sparselift.analysis.profile import load_profile
+from sparselift.analysis.reconstruct import build_graph
+from sparselift.analysis.summary import critical_path, summarize
+from sparselift.atomic import json_bytes, parquet_bytes, write_bytes
+from sparselift.errors import UserError
+
+OUTPUTS = ("nodes.parquet", "edges.parquet", "summary.parquet", "calibration.json")
+
+
+@dataclass
+class Analysis:
+    """Everything `analyze` computes, for the CLI, notebooks and benchmarks."""
+
+    nodes: pd.DataFrame
+    edges: pd.DataFrame
+    steps: pd.DataFrame
+    summary: pd.DataFrame
+    critical_path: pd.DataFrame
+    calibration: Calibration
+    unplaced: list[str]
+    manifest: dict[str, Any]  # the profile's, as read and checked
+    access_stats: pd.DataFrame | None
+
+
+def analyze(
+    path: str | Path, cache: bool = True, progress: Callable[[str], None] | None = None
+) -> Analysis:
+    """Parse, rebuild and calibrate the profile directory `path`.
+
+    Args:
+        path: a profile directory written by `sparselift profile` or `ProfileSession`.
+        cache: read and write the per-rank parsed-trace cache (Parquet beside the traces).
+        progress: called with one line per parsed trace, if given.
+
+    Returns:
+        The Analysis; nothing is written.
+
+    Raises:
+        UserError: the directory is not a complete profile, or a rank has no sparse-path events.
+    """
+    prof = load_profile(path, cache=cache, progress=progress)
+    graph = build_graph(prof.traces, prof.plan_tables)
+    sparse = graph.nodes["stage"].isin(SPARSE_STAGES)
+    for r, tr in enumerate(prof.traces):
+        if not (sparse & (graph.nodes["rank"] == r)).any():
+            raise UserError(
+                f"{tr.path}: no sparse-path events (no TorchRec input_dist / lookup / output_dist "
+                f"annotations in the profiled steps)"
+            )
+    summary = summarize(graph.nodes, graph.steps)
+    cal = calibrate(
+        graph.nodes, graph.steps, prof.manifest, str(path), prof.access_stats, prof.plan_tables
+    )
+    return Analysis(
+        nodes=graph.nodes,
+        edges=graph.edges,
+        steps=graph.steps,
+        summary=summary,
+        critical_path=critical_path(graph.nodes, summary),
+        calibration=cal,
+        unplaced=graph.unplaced,
+        manifest=prof.manifest,
+        access_stats=prof.access_stats,
+    )
+
+
+def write_outputs(a: Analysis, out: Path) -> None:
+    """Write the four OUTPUTS of `a` into directory `out`, each atomically.
+
+    The bytes are all built before the first write, so a failure leaves no partial set.
+
+    Raises:
+        UserError: `out` cannot be created.
+    """
+    blobs = {
+        name: parquet_bytes(df)
+        for name, df in (
+            ("nodes.parquet", a.nodes),
+            ("edges.parquet", a.edges),
+            ("summary.parquet", a.summary),
+        )
+    }
+    blobs["calibration.json"] = json_bytes(a.calibration.to_dict())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{out}: cannot create output directory ({e.strerror})") from None
+    for name in OUTPUTS:
+        write_bytes(out / name, blobs[name])

@@ -1,0 +1,42 @@
+"""`sparselift bench`: measure plans against each other, interleaved, with the training harness."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sparselift.atomic import write_json
+from sparselift.bench import TORCHREC, contenders_for, run_bench
+from sparselift.cli.train import add_training_args, config_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `bench` to the `sparselift` sub-commands."""
+    p = sub.add_parser(
+        "bench", help="measure plans against each other (interleaved runs, steps/s, ratios)"
+    )
+    add_training_args(p)
+    p.add_argument(
+        "--plan", action="append", default=[], metavar="PLAN", help="a plan file; repeat for more"
+    )
+    p.add_argument(
+        "--vs", choices=(TORCHREC,), default=None, help="also measure TorchRec's own plan"
+    )
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON")
+    p.set_defaults(run=run_bench_command)
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """Measure the contenders interleaved, print the table (and write --json); 0 on success."""
+    contenders = contenders_for(args.plan, args.vs == TORCHREC)
+    result = run_bench(
+        config_from_args(args),
+        contenders,
+        args.rounds,
+        echo=lambda s: print(s, file=sys.stderr, flush=True),
+    )
+    print(result.table())
+    if args.json:
+        write_json(args.json, result.to_json())
+    return 0
