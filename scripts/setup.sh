@@ -11,7 +11,7 @@ if [ "${SPARSELIFT_GPU:-0}" = 1 ]; then
 else
   cp requirements.txt .venv/requirements.txt
 fi
-"${pip[@]}" -r .venv/requirements.txt
+"${pip[@]}" -r .venv/requirements.txt -r requirements-dev.txt
 "${pip[@]}" --no-deps torchrec==1.8.0
 "${pip[@]}" --no-deps --no-build-isolation -e .
 # The HTML report's browser test drives Debian's chromium (headless); install it where we can.
