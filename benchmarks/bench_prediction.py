@@ -2,15 +2,17 @@
 one, predict the others' step times, print predicted vs measured and the error (target: within 10%).
 
     .venv/bin/python benchmarks/bench_prediction.py --workload tiny --steps 8
-    .venv/bin/python benchmarks/bench_prediction.py --workload multihot-26 --max-rows 100000 --steps 8
+    .venv/bin/python benchmarks/bench_prediction.py --workload multihot-26 --max-rows 100000 \
+        --steps 8
 
 Plans (sparselift plan files): all table-wise (round robin), all row-wise, and mixed (row-wise for
 the largest tables, column-wise for the next ones, table-wise for the rest). Measured step time is
 the profiled one (fastest step, slowest rank's ProfilerStep: robust on a shared host), the quantity
 the trace calibrates; the median is printed too. Every plan is profiled --repeats times in
 interleaved passes and the pass with the fastest step counts, since a host can slow down a whole
-pass. The predictor is the optimizer's own cost model (`sparselift.optimizer.cost_model.predict_plan`,
-what the CP-SAT solver minimizes), so this validates the model plans are chosen by.
+pass. The predictor is the optimizer's own cost model
+(`sparselift.optimizer.cost_model.predict_plan`, what the CP-SAT solver minimizes), so this
+validates the model plans are chosen by.
 """
 
 from __future__ import annotations
@@ -22,8 +24,17 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+class Profiled(NamedTuple):
+    """A plan and the analysis of its least disturbed profile pass."""
+
+    plan: Any  # sparselift.plans.Plan
+    analysis: Any  # sparselift.analysis.pipeline.Analysis
+    path: Path  # the pass's profile directory
 
 
 def make_plans(workload: str, world: int, max_rows: int | None) -> dict:
@@ -108,6 +119,7 @@ def profile(
     warmup: int,
     max_rows: int | None,
 ) -> None:
+    """Profile `plan_path` with `sparselift profile` into `out` (its output silenced)."""
     cmd = [
         str(ROOT / ".venv/bin/sparselift"),
         "profile",
@@ -133,13 +145,14 @@ def profile(
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def measured_step_s(analysis) -> float:
+def measured_step_s(analysis: Any) -> float:
     """Fastest profiled step (slowest rank's time): the statistic the calibration closes on."""
     per_step = analysis.steps.groupby("step")["dur_s"].max()
     return float(per_step.min())
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Profile, calibrate on one plan, predict every plan; print and save the errors."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="tiny")
     ap.add_argument("--nproc", type=int, default=2)
@@ -161,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from sparselift import plans as splans
     from sparselift.analysis.pipeline import analyze
-    from sparselift.optimizer.cost_model import predict_plan
-    from sparselift.optimizer.stats import stats_from_profile
+    from sparselift.optimizer.predict import predict_plan
+    from sparselift.optimizer.table_stats import stats_from_profile
     from sparselift.optimizer.topology import preset
 
     work = Path(args.keep or tempfile.mkdtemp(prefix="sparselift-bench-pred-"))
@@ -184,16 +197,16 @@ def main(argv: list[str] | None = None) -> int:
                     args.warmup,
                     args.max_rows,
                 )
-    results = {}
+    results: dict[str, Profiled] = {}
     for name, plan in plans_by_name.items():
         runs = [analyze(work / name / f"pass{r}") for r in range(args.repeats)]
         best = min(range(len(runs)), key=lambda i: measured_step_s(runs[i]))
-        results[name] = (plan, runs[best], work / name / f"pass{best}")
-    cal = results[args.calibrate_on][1].calibration.to_dict()
+        results[name] = Profiled(plan, runs[best], work / name / f"pass{best}")
+    cal = results[args.calibrate_on].analysis.calibration.to_dict()
     topo = preset("cpu-gloo", args.nproc, args.nproc)
     print(
-        f"{args.workload} (max_rows {args.max_rows}), {args.nproc} ranks, {args.steps} profiled steps; "
-        f"calibrated on {args.calibrate_on}"
+        f"{args.workload} (max_rows {args.max_rows}), {args.nproc} ranks, "
+        f"{args.steps} profiled steps; calibrated on {args.calibrate_on}"
     )
     print(f"{'plan':<12} {'measured ms':>12} {'predicted ms':>13} {'error':>8} {'median ms':>10}")
     errors = {}
@@ -205,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         tag = " (calibration)" if name == args.calibrate_on else ""
         med = float(statistics.median(a.steps.groupby("step")["dur_s"].max()))
         print(
-            f"{name:<12} {meas * 1e3:12.2f} {pred * 1e3:13.2f} {errors[name] * 100:7.1f}% {med * 1e3:10.2f}{tag}"
+            f"{name:<12} {meas * 1e3:12.2f} {pred * 1e3:13.2f} {errors[name] * 100:7.1f}% "
+            f"{med * 1e3:10.2f}{tag}"
         )
     held = [abs(e) for n, e in errors.items() if n != args.calibrate_on]
     print(f"held-out max |error| {max(held) * 100:.1f}% (target 10%)")

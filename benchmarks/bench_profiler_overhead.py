@@ -15,17 +15,27 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from typing import Any, NamedTuple
 
 from sparselift.cli.profile import HOOK
 from sparselift.workloads.harness import TrainConfig, run_training
 
 
-def slowest_rank(result) -> list[float]:
+class ProfiledRun(NamedTuple):
+    """Median seconds per step of a profiled run: inside the profiled window, and after it."""
+
+    window_s: float
+    after_s: float
+
+
+def slowest_rank(result: Any) -> list[float]:
+    """Per step, the slowest rank's step time (a `TrainResult`'s ranks' step_times_s)."""
     times = [r.step_times_s for r in result.ranks]
     return [max(t[i] for t in times) for i in range(len(times[0]))]
 
 
-def baseline(args) -> float:
+def baseline(args: argparse.Namespace) -> float:
+    """Median seconds per step of a run never profiled, over the steps `profiled` measures after."""
     cfg = TrainConfig(
         workload=args.workload,
         nproc=args.nproc,
@@ -38,7 +48,8 @@ def baseline(args) -> float:
     return statistics.median(slowest_rank(run_training(cfg))[cfg.warmup :])
 
 
-def profiled(args) -> tuple[float, float]:
+def profiled(args: argparse.Namespace) -> ProfiledRun:
+    """One run with `sparselift profile`'s hook: its profiled window and the steps after it."""
     with tempfile.TemporaryDirectory(prefix="sparselift-bench-") as out:
         cfg = TrainConfig(
             workload=args.workload,
@@ -58,10 +69,13 @@ def profiled(args) -> tuple[float, float]:
         )
         per_step = slowest_rank(run_training(cfg))
     window = per_step[args.warmup : args.warmup + args.steps]
-    return statistics.median(window), statistics.median(per_step[args.warmup + args.steps :])
+    return ProfiledRun(
+        statistics.median(window), statistics.median(per_step[args.warmup + args.steps :])
+    )
 
 
 def main() -> None:
+    """Run the pairs and print steps/s never profiled, after the window, and inside it."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", default="tiny")
     p.add_argument("--nproc", type=int, default=2)

@@ -27,14 +27,43 @@ COUNT_CANVASES = """() => {
 }"""
 
 
+# The page's text in reading order, shadow roots included (Bokeh's Divs render inside them).
+PAGE_TEXT = """() => {
+  const out = [];
+  const walk = (node) => {
+    if (node.nodeType === Node.TEXT_NODE) {
+      const t = node.textContent.trim();
+      if (t) out.push(t);
+      return;
+    }
+    if (node.nodeName === 'SCRIPT' || node.nodeName === 'STYLE') return;
+    if (node.shadowRoot) walk(node.shadowRoot);
+    for (const c of node.childNodes) walk(c);
+  };
+  walk(document.body);
+  return out.join('\\n');
+}"""
+
+
 @dataclass
 class Rendered:
+    """What a page showed once loaded.
+
+    Attributes:
+        canvases: non-empty canvases drawn (Bokeh plots).
+        errors: console errors and uncaught page errors.
+        requests: anything fetched besides the file itself.
+        text: the page's text in reading order, one piece a line.
+    """
+
     canvases: int
     errors: list[str] = field(default_factory=list)
-    requests: list[str] = field(default_factory=list)  # anything fetched besides the file itself
+    requests: list[str] = field(default_factory=list)
+    text: str = ""
 
 
 def render(path: Path, settle_ms: int = 1500) -> Rendered:
+    """Open `path` in headless chromium, let it settle for `settle_ms`, and report what rendered."""
     chromium = shutil.which("chromium")
     assert chromium, (
         "Debian's chromium is needed (scripts/setup.sh installs it): apt-get install chromium"
@@ -53,5 +82,6 @@ def render(path: Path, settle_ms: int = 1500) -> Rendered:
         page.goto(url, wait_until="load")
         page.wait_for_timeout(settle_ms)
         canvases = page.evaluate(COUNT_CANVASES)
+        text = page.evaluate(PAGE_TEXT)
         browser.close()
-    return Rendered(canvases=canvases, errors=errors, requests=requests)
+    return Rendered(canvases=canvases, errors=errors, requests=requests, text=text)

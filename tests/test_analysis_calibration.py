@@ -7,12 +7,13 @@ import pandas as pd
 import pytest
 
 from sparselift import plans
-from sparselift.analysis.calibration import FORMAT, UNITS, _fit_calls, dp_allreduce_fit, sync_wait
+from sparselift.analysis.fit import _fit_calls, dp_allreduce_fit, sync_wait
 from sparselift.analysis.pipeline import analyze, write_outputs
+from sparselift.calibration import FORMAT, UNITS, Calibration, OpFit
 from sparselift.errors import UserError
 from sparselift.optimizer.calibration import coefficients, load_calibration
-from sparselift.optimizer.cost_model import predict_plan
-from sparselift.optimizer.stats import stats_from_profile
+from sparselift.optimizer.predict import predict_plan
+from sparselift.optimizer.table_stats import stats_from_profile
 from sparselift.optimizer.topology import preset
 
 FIX = Path(__file__).parent / "fixtures"
@@ -24,7 +25,8 @@ def analyses():
 
 
 def _error(analyses, cal_on, target):
-    """Held-out error of the optimizer's cost model (what the solver minimizes), calibrated on `cal_on`."""
+    """Held-out error of the optimizer's cost model (what the solver minimizes), calibrated on
+    `cal_on`."""
     cal = analyses[cal_on].calibration.to_dict()
     stats, batch = stats_from_profile(FIX / f"profile_tiny_{target}")
     pred = predict_plan(
@@ -40,15 +42,13 @@ def test_fit_calls_uses_sizes_when_they_differ_and_the_measured_fixed_cost_other
     assert _fit_calls([1, 2, 3, 4], [3, 5, 7, 9], fixed=0.5) == pytest.approx(
         (0.5, (2.5 * 1 + 4.5 * 2 + 6.5 * 3 + 8.5 * 4) / 30)
     )
-    assert _fit_calls([1, 2, 4], [3, 3, 3]) == pytest.approx(
-        (3, 0)
-    )  # time does not grow: all fixed
-    assert _fit_calls([5, 5, 5], [10, 10, 10]) == (0.0, 2.0)  # one size, no prior: per unit
-    assert _fit_calls([5, 5, 5], [10, 10, 10], fixed=4.0) == (
-        4.0,
-        1.2,
-    )  # one size: the prior, rest per unit
-    assert _fit_calls([5, 5], [1, 1], fixed=4.0) == (1.0, 0.0)  # never more than a call took
+    # time does not grow: all fixed
+    assert _fit_calls([1, 2, 4], [3, 3, 3]) == pytest.approx((3, 0))
+    # one size, no prior: per unit
+    assert _fit_calls([5, 5, 5], [10, 10, 10]) == (0.0, 2.0)
+    # one size: the prior, rest per unit
+    assert _fit_calls([5, 5, 5], [10, 10, 10], fixed=4.0) == (4.0, 1.2)
+    assert _fit_calls([5, 5], [1, 1], fixed=4.0).a_s == 1.0  # never more than a call took
 
 
 def test_one_slow_allreduce_does_not_price_every_data_parallel_table():
@@ -127,13 +127,30 @@ def test_calibration_file_roundtrip(analyses, tmp_path):
         load_calibration(tmp_path / "bad2.json")
 
 
+def test_one_calibration_type_reads_what_the_analysis_writes(analyses, tmp_path):
+    cal = analyses["row_wise"].calibration
+    cal.save(tmp_path / "calibration.json")
+    back = Calibration.load(tmp_path / "calibration.json")
+    assert back == cal and back.to_bytes() == (tmp_path / "calibration.json").read_bytes()
+    topo = preset("cpu-gloo", 2, 2)
+    assert coefficients(topo, back) == coefficients(topo, cal.to_dict())
+    assert isinstance(back.ops["input_dist"], OpFit) and back.provenance.samples > 0
+    # a hand-written calibration needs only ops; what is absent is "not measured"
+    bare = Calibration.from_dict({"ops": {"input_dist": {"a_s": 1e-3, "b_s": 1e-9}}})
+    assert bare.device is None and bare.dense_step_s is None and bare.ops["input_dist"].x == ""
+    d = cal.to_dict()
+    d["world_size"] = "two"
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(UserError, match="bad.json: world_size must be an integer"):
+        Calibration.load(tmp_path / "bad.json")
+
+
 def test_predicts_its_own_plan(analyses):
     for n in analyses:
         assert abs(_error(analyses, n, n)) < 0.02
 
 
 def test_predicts_held_out_plans_within_target(analyses):
-    """Calibrated on one plan, the model predicts the other's fastest step within 10 % both ways
-    (recorded: table_wise→row_wise -0.7 %, row_wise→table_wise +6.3 %)."""
+    """Calibrated on one plan, the model predicts the other's fastest step within 10 % both ways."""
     assert abs(_error(analyses, "table_wise", "row_wise")) < 0.10
     assert abs(_error(analyses, "row_wise", "table_wise")) < 0.10

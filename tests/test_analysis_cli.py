@@ -1,4 +1,4 @@
-"""`sparselift analyze`: outputs on a good profile; exit 2, one line, nothing written on bad input."""
+"""`sparselift analyze`: outputs on a good profile; bad input: exit 2, one line, nothing written."""
 
 import gzip
 import json

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from sparselift.analysis.edges import STAGE_ORDER
 from sparselift.analysis.pipeline import analyze
-from sparselift.analysis.reconstruct import STAGE_ORDER
 
 FIX = Path(__file__).parent / "fixtures"
 PLANS = ("table_wise", "row_wise")
@@ -55,8 +55,10 @@ def test_edges_follow_the_sparse_path(analysis):
     _, a = analysis
     n = a.nodes.set_index("node_id")
     data = a.edges[a.edges["kind"] == "data"]
-    pairs = {(n.at[s, "kind"], n.at[d, "kind"]) for s, d in zip(data["src"], data["dst"])}
-    assert pairs == set(zip(STAGE_ORDER, STAGE_ORDER[1:]))
+    pairs = {
+        (n.at[s, "kind"], n.at[d, "kind"]) for s, d in zip(data["src"], data["dst"], strict=True)
+    }
+    assert pairs == set(zip(STAGE_ORDER, STAGE_ORDER[1:], strict=False))
 
 
 def test_critical_path_and_imbalance(analysis):

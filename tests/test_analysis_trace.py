@@ -155,8 +155,9 @@ def test_cuda_trace_streams_and_correlation():
 
 def test_cuda_nccl_kernels_placed_by_correlation():
     tr = parse_trace(cuda_trace(), "<hand-written cuda>")
-    nodes, steps, problems = rank_nodes(tr, 0)
-    assert not problems
+    one = rank_nodes(tr, 0)
+    nodes, steps = one.nodes, one.steps
+    assert not one.unplaced
     coll = nodes[nodes["part"] == "collective"].sort_values("start_us")
     assert list(coll["kind"]) == ["input_dist", "output_dist_fwd"]
     assert list(coll["thread"]) == ["0/20", "0/20"]  # the NCCL stream

@@ -1,4 +1,4 @@
-"""Notebooks run clean headless against a real profile and plans; the HTML report renders offline."""
+"""Notebooks run clean headless against a real profile and plans; HTML reports render offline."""
 
 from __future__ import annotations
 
@@ -108,6 +108,15 @@ def test_analyze_html_report_renders_offline(tiny_run, cli):
     page = render(out)
     assert page.errors == [] and page.requests == []  # nothing fetched: Bokeh is inline
     assert page.canvases >= 5
+    # the report opens with its findings: step time, where it goes, the critical stage
+    text = page.text
+    first = {k: text.find(k) for k in ("Step time", "Where it goes", "Critical sparse stage")}
+    assert all(i >= 0 for i in first.values()), text[:2000]
+    assert " ms" in text and " MiB" in text and " %" in text
+    headings = ("Run", "Tables", "Access skew", "Step breakdown per rank")
+    later = [text.find(f"\n{k}\n") for k in headings]
+    assert all(i > max(first.values()) for i in later), text[:2000]
+    assert "e+12" not in text and "start_us" not in text  # no raw trace-clock timestamps
 
 
 def test_plan_diff_html_report_renders_offline(tiny_run, cli):

@@ -1,7 +1,7 @@
 """TorchRec / PyTorch event names, matched tolerantly (case, spacing and suffixes vary by version).
 
-Everything that depends on how a TorchRec release spells its `record_function` annotations lives here,
-so that a new spelling is one regex, not a hunt through the analysis.
+Everything that depends on how a TorchRec release spells its `record_function` annotations lives
+here, so that a new spelling is one regex, not a hunt through the analysis.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ _STAGE_RULES: list[tuple[str, re.Pattern]] = [
     ("input_dist", re.compile(r"^\[(splits_dist|input_dist|input_dist_wait|kjt_dist)\]", re.I)),
     ("lookup", re.compile(r"^\[lookup\]", re.I)),
     ("output_dist", re.compile(r"^\[(output_dist)\]", re.I)),
-    # `[output_dist_wait]` appears both under input-dist awaitables and after lookups: weak, by context
+    # `[output_dist_wait]` appears both under input-dist awaitables and after lookups: weak, by
+    # context
     (
         "output_dist",
         re.compile(
@@ -87,7 +88,8 @@ def stage_of(name: str) -> str | None:
 
 
 def collective_op(name: str) -> str:
-    """Canonical collective name: all_to_all, all_reduce, reduce_scatter, all_gather, broadcast, …"""
+    """Canonical collective name of an event: all_to_all, all_reduce, reduce_scatter, all_gather,
+    broadcast, barrier, send, recv, or "other"."""
     n = name.lower().replace("alltoall", "all_to_all").replace("allreduce", "all_reduce")
     n = (
         n.replace("reducescatter", "reduce_scatter")

@@ -13,12 +13,13 @@ from typing import Any
 
 import pandas as pd
 
-from sparselift.analysis.calibration import Calibration, calibrate
+from sparselift.analysis.fit import calibrate
 from sparselift.analysis.names import SPARSE_STAGES
 from sparselift.analysis.profile import load_profile
 from sparselift.analysis.reconstruct import build_graph
 from sparselift.analysis.summary import critical_path, summarize
-from sparselift.atomic import json_bytes, parquet_bytes, write_bytes
+from sparselift.atomic import parquet_bytes, write_bytes
+from sparselift.calibration import Calibration
 from sparselift.errors import UserError
 
 OUTPUTS = ("nodes.parquet", "edges.parquet", "summary.parquet", "calibration.json")
@@ -26,7 +27,19 @@ OUTPUTS = ("nodes.parquet", "edges.parquet", "summary.parquet", "calibration.jso
 
 @dataclass
 class Analysis:
-    """Everything `analyze` computes, for the CLI, notebooks and benchmarks."""
+    """Everything `analyze` computes, for the CLI, notebooks and benchmarks.
+
+    Attributes:
+        nodes: the sparse-path graph's nodes (`reconstruct.NODE_COLUMNS`; nodes.parquet).
+        edges: its edges (src, dst, kind; edges.parquet).
+        steps: measured steps per rank (rank, step, start_us, end_us, dur_s).
+        summary: where each rank's step went (`summary.SUMMARY_COLUMNS`; summary.parquet).
+        critical_path: the slowest rank's sparse path per step (`summary.critical_path`).
+        calibration: the fitted coefficients (calibration.json).
+        unplaced: one line per event or collective that could not be placed.
+        manifest: the profile's manifest, as read and checked.
+        access_stats: the profile's access statistics, if it has them.
+    """
 
     nodes: pd.DataFrame
     edges: pd.DataFrame
@@ -35,7 +48,7 @@ class Analysis:
     critical_path: pd.DataFrame
     calibration: Calibration
     unplaced: list[str]
-    manifest: dict[str, Any]  # the profile's, as read and checked
+    manifest: dict[str, Any]
     access_stats: pd.DataFrame | None
 
 
@@ -58,14 +71,14 @@ def analyze(
     prof = load_profile(path, cache=cache, progress=progress)
     graph = build_graph(prof.traces, prof.plan_tables)
     sparse = graph.nodes["stage"].isin(SPARSE_STAGES)
-    for r, tr in enumerate(prof.traces):
-        if not (sparse & (graph.nodes["rank"] == r)).any():
+    for rank, tr in enumerate(prof.traces):
+        if not (sparse & (graph.nodes["rank"] == rank)).any():
             raise UserError(
                 f"{tr.path}: no sparse-path events (no TorchRec input_dist / lookup / output_dist "
                 f"annotations in the profiled steps)"
             )
     summary = summarize(graph.nodes, graph.steps)
-    cal = calibrate(
+    calibration = calibrate(
         graph.nodes, graph.steps, prof.manifest, str(path), prof.access_stats, prof.plan_tables
     )
     return Analysis(
@@ -74,7 +87,7 @@ def analyze(
         steps=graph.steps,
         summary=summary,
         critical_path=critical_path(graph.nodes, summary),
-        calibration=cal,
+        calibration=calibration,
         unplaced=graph.unplaced,
         manifest=prof.manifest,
         access_stats=prof.access_stats,
@@ -85,6 +98,10 @@ def write_outputs(a: Analysis, out: Path) -> None:
     """Write the four OUTPUTS of `a` into directory `out`, each atomically.
 
     The bytes are all built before the first write, so a failure leaves no partial set.
+
+    Args:
+        a: what `analyze` returned.
+        out: the output directory, created if missing.
 
     Raises:
         UserError: `out` cannot be created.
@@ -97,7 +114,7 @@ def write_outputs(a: Analysis, out: Path) -> None:
             ("summary.parquet", a.summary),
         )
     }
-    blobs["calibration.json"] = json_bytes(a.calibration.to_dict())
+    blobs["calibration.json"] = a.calibration.to_bytes()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -16,6 +16,7 @@ import holoviews.plotting.bokeh  # noqa: F401 - registers the Bokeh backend that
 import numpy as np
 import pandas as pd
 
+from sparselift.analysis.findings import STEP_PARTS as STEP_PARTS_LABELS
 from sparselift.analysis.names import SPARSE_STAGES
 from sparselift.kernels import zipf_top_share
 
@@ -35,7 +36,11 @@ def zipf_lorenz(alpha: float, rows: int, points: int = 60) -> pd.DataFrame:
 
 
 def access_skew(access: pd.DataFrame) -> hv.Overlay:
-    """Per table: share of lookups vs share of rows — fitted Zipf curve and the measured top-1 % / 10 % points."""
+    """Per table: share of lookups vs share of rows.
+
+    A curve per table for its fitted Zipf law, and crosses for the measured top-1 % and top-10 %
+    shares.
+    """
     per_table = access.groupby("table", sort=False).agg(
         rows=("num_embeddings", "first"),
         alpha=("zipf_alpha", "first"),
@@ -90,19 +95,21 @@ def pooling_factors(access: pd.DataFrame) -> hv.Overlay:
 
 
 def step_breakdown(summary: pd.DataFrame) -> hv.Overlay:
-    """Per rank, mean over steps: the parts of the step (stacked) and all sparse communication (x)."""
+    """Per rank, mean over steps: the step's parts stacked, in ms, and all sparse communication
+    (hidden or not) as a cross."""
     mean = summary.groupby("rank")[list(STEP_PARTS) + ["sparse_comm_s"]].mean().reset_index()
     mean["rank"] = mean["rank"].astype(str)
     long = mean.melt(
         id_vars="rank", value_vars=list(STEP_PARTS), var_name="part", value_name="seconds"
     )
     long["ms"] = long["seconds"] * 1e3
+    long["part"] = long["part"].map(STEP_PARTS_LABELS)
     bars = hv.Bars(long, ["rank", "part"], "ms").opts(stacked=True)
     comm = hv.Scatter(
         mean.assign(ms=mean["sparse_comm_s"] * 1e3),
         "rank",
         "ms",
-        label="sparse comm (incl. overlapped)",
+        label="sparse communication, hidden or not",
     ).opts(size=12, marker="x", color="black")
     return (bars * comm).opts(
         title="Where a step goes, per rank (mean over profiled steps)",
@@ -123,9 +130,13 @@ def imbalance(summary: pd.DataFrame, column: str = "step_s") -> hv.Bars:
 
 
 def timeline(nodes: pd.DataFrame, step: int | None = None) -> hv.Segments:
-    """Sparse-path stages per rank over one profiled step (the first by default), one bar per node."""
+    """Sparse-path stages per rank over one profiled step (the first by default), a bar per node.
+
+    Times are ms since each rank's first sparse event of the step (ranks' clocks are not aligned).
+    """
     df = nodes[nodes["stage"].isin(SPARSE_STAGES)]
     df = df[df["step"] == (df["step"].min() if step is None else step)].copy()
+    df["dur_ms"] = df["dur_s"] * 1e3
     t0 = df.groupby("rank")["start_us"].transform("min")  # ranks' clocks are not aligned
     df["start_ms"] = (df["start_us"] - t0) / 1e3
     df["end_ms"] = (df["end_us"] - t0) / 1e3
@@ -138,7 +149,7 @@ def timeline(nodes: pd.DataFrame, step: int | None = None) -> hv.Segments:
         + df["phase"].astype(str)
     )
     return hv.Segments(
-        df, ["start_ms", "lane", "end_ms", "lane"], ["stage", "part", "module", "dur_s"]
+        df, ["start_ms", "lane", "end_ms", "lane"], ["stage", "part", "module", "dur_ms"]
     ).opts(
         color="stage",
         cmap="Category10",
@@ -171,6 +182,7 @@ def plan_table_bytes(plan: Any, bytes_per_value: int = 4) -> pd.DataFrame:
 
 
 def placement_heatmap(plan: Any, name: str) -> hv.HeatMap:
+    """MiB of each table's weights on each rank of one plan (`name` titles it)."""
     df = plan_table_bytes(plan)
     df["MiB"] = df["bytes"] / 2**20
     df["rank"] = df["rank"].astype(str)
@@ -185,6 +197,7 @@ def placement_heatmap(plan: Any, name: str) -> hv.HeatMap:
 
 
 def sharding_mix(plans: dict[str, Any]) -> hv.Bars:
+    """Tables per sharding type, stacked per plan."""
     rows = [(name, t.sharding_type) for name, p in plans.items() for t in p.tables]
     df = (
         pd.DataFrame(rows, columns=["plan", "sharding_type"])
@@ -210,9 +223,7 @@ def per_rank_predicted(plans: dict[str, Any]) -> hv.Layout:
                     memory_MiB=r.get("memory_bytes", 0) / 2**20,
                 )
             )
-    if (
-        not rows
-    ):  # plans with no prediction (e.g. exported from TorchRec): memory from the placement
+    if not rows:  # plans with no prediction (e.g. exported from TorchRec): memory from placement
         for name, p in plans.items():
             b = plan_table_bytes(p).groupby("rank")["bytes"].sum()
             rows += [

@@ -1,4 +1,4 @@
-"""One self-contained HTML file: HoloViews plots and summary tables, Bokeh's JavaScript inline.
+"""One self-contained HTML file: findings, HoloViews plots and tables, Bokeh's JavaScript inline.
 
 Bokeh's `save` links its JavaScript from a CDN by default; a report must open on a machine with no
 network, so everything is rendered with `bokeh.resources.INLINE` into a single file.
@@ -7,7 +7,7 @@ network, so everything is rendered with `bokeh.resources.INLINE` into a single f
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from sparselift.atomic import write_bytes
 
 
 @contextmanager
-def _no_external_model_files():
+def _no_external_model_files() -> Iterator[None]:
     """Bokeh's INLINE resources, minus the external files other libraries' models declare.
 
     HoloViews imports Panel, whose models declare an ES-module shim as a relative `static/…` file;
@@ -28,36 +28,48 @@ def _no_external_model_files():
     """
     from bokeh.resources import Resources
 
-    original = Resources._collect_external_resources
-    Resources._collect_external_resources = lambda self, attr: []
+    patched: Any = Resources  # typed Any: mypy does not let a method be reassigned
+    original = patched._collect_external_resources
+    patched._collect_external_resources = lambda self, attr: []
     try:
         yield
     finally:
-        Resources._collect_external_resources = original
+        patched._collect_external_resources = original
 
 
 def render_html(title: str, sections: Sequence[tuple[str, Any]]) -> str:
-    """`sections`: (heading, HoloViews object | DataFrame | str) in page order."""
+    """The page: `title`, then each section's heading and content, in order.
+
+    Args:
+        title: the page's title and first heading.
+        sections: (heading, content); content is a DataFrame (a table), an object with
+            `_repr_html_` (its HTML, e.g. `findings.Findings`), a str (preformatted text) or a
+            HoloViews object (rendered by Bokeh).
+    Returns:
+        One HTML document that needs nothing from the network.
+    """
     from bokeh.embed import file_html
     from bokeh.layouts import column
-    from bokeh.models import Div
+    from bokeh.models.widgets.markups import Div  # where it is defined (typed)
+    from bokeh.resources import INLINE
 
     items = [Div(text=f"<h1>{html.escape(title)}</h1>")]
     for heading, content in sections:
         items.append(Div(text=f"<h2>{html.escape(heading)}</h2>"))
         if isinstance(content, pd.DataFrame):
             items.append(Div(text=_table_html(content)))
+        elif hasattr(content, "_repr_html_"):
+            items.append(Div(text=f"<div style='font-size:15px'>{content._repr_html_()}</div>"))
         elif isinstance(content, str):
             items.append(Div(text=f"<pre>{html.escape(content)}</pre>"))
         else:
             items.append(hv.render(content, backend="bokeh"))
-    from bokeh.resources import INLINE
-
     with _no_external_model_files():
         return file_html(column(*items), INLINE, title)
 
 
 def _table_html(df: pd.DataFrame, max_rows: int = 200) -> str:
+    """A DataFrame as an HTML table (the first `max_rows` rows, then how many more)."""
     shown = df.head(max_rows)
     table = shown.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
     more = f"<p>… {len(df) - max_rows} more rows</p>" if len(df) > max_rows else ""
@@ -65,4 +77,5 @@ def _table_html(df: pd.DataFrame, max_rows: int = 200) -> str:
 
 
 def write_report(path: str | Path, title: str, sections: Sequence[tuple[str, Any]]) -> None:
+    """Render `sections` (`render_html`) and write the page to `path` atomically."""
     write_bytes(path, render_html(title, sections).encode())

@@ -1,11 +1,12 @@
-"""Per rank and step: where the time went, how unbalanced ranks are, and the sparse critical path."""
+"""Per rank and step: where the time went, how unbalanced ranks are, the sparse critical path."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from sparselift.analysis.names import SPARSE_STAGES as SPARSE
-from sparselift.analysis.reconstruct import MAIN_PARTS, STAGE_ORDER
+from sparselift.analysis.edges import STAGE_ORDER
+from sparselift.analysis.names import SPARSE_STAGES
+from sparselift.analysis.reconstruct import MAIN_PARTS
 
 SUMMARY_COLUMNS = [
     "rank",
@@ -25,17 +26,27 @@ SUMMARY_COLUMNS = [
 
 
 def summarize(nodes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """One row per rank and step; main-thread parts add up to `accounted_s` (≈ the measured step_s)."""
-    n = nodes
-    sparse = n["stage"].isin(SPARSE)
-    main = n["part"].isin(MAIN_PARTS)
-    parts = {
-        "sparse_compute_s": main & sparse & (n["part"] == "compute"),
-        "sparse_comm_s": sparse & (n["part"] == "collective"),
-        "dense_compute_s": main & ~sparse & (n["part"] == "compute"),
-        "dense_comm_s": ~sparse & (n["part"] == "collective"),
-        "exposed_comm_s": main & (n["part"] == "wait"),
-        "idle_s": n["part"] == "idle",
+    """Where each rank's step went: one row per rank and step, SUMMARY_COLUMNS, in seconds.
+
+    The main-thread parts (sparse_compute_s, dense_compute_s, exposed_comm_s, idle_s) add up to
+    `accounted_s`, which is the measured `step_s` up to what lies outside every event. The
+    `*_comm_s` columns are collective time, hidden or not; `imbalance_*` is the slowest rank over
+    the ranks' mean in that step (1.0: balanced).
+
+    Args:
+        nodes: graph nodes (`reconstruct.NODE_COLUMNS`).
+        steps: measured steps per rank (rank, step, dur_s).
+    """
+    sparse = nodes["stage"].isin(SPARSE_STAGES)
+    main = nodes["part"].isin(MAIN_PARTS)
+    part = nodes["part"]
+    masks = {
+        "sparse_compute_s": main & sparse & (part == "compute"),
+        "sparse_comm_s": sparse & (part == "collective"),
+        "dense_compute_s": main & ~sparse & (part == "compute"),
+        "dense_comm_s": ~sparse & (part == "collective"),
+        "exposed_comm_s": main & (part == "wait"),
+        "idle_s": part == "idle",
         "accounted_s": main,
         "sparse_path_s": main & sparse,
     }
@@ -44,20 +55,26 @@ def summarize(nodes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         .rename(columns={"dur_s": "step_s"})
         .set_index(["rank", "step"])
     )
-    for col, mask in parts.items():
-        out[col] = n[mask].groupby(["rank", "step"])["dur_s"].sum()
+    for col, mask in masks.items():
+        out[col] = nodes[mask].groupby(["rank", "step"])["dur_s"].sum()
     out = out.fillna(0.0).reset_index()
-    g = out.groupby("step")
-    for col, of in (
-        ("imbalance_step", "step_s"),
-        ("imbalance_sparse", "sparse_path_s"),
-    ):  # max ÷ mean rank
-        out[col] = g[of].transform(lambda s: s.max() / s.mean() if s.mean() else 1.0)
+    by_step = out.groupby("step")
+    for col, of in (("imbalance_step", "step_s"), ("imbalance_sparse", "sparse_path_s")):
+        # the slowest rank over the ranks' mean
+        out[col] = by_step[of].transform(lambda s: s.max() / s.mean() if s.mean() else 1.0)
     return out[SUMMARY_COLUMNS]
 
 
 def critical_path(nodes: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
-    """Per step, the slowest rank's sparse path stage by stage (compute and exposed wait)."""
+    """Per step, the slowest rank's sparse path stage by stage.
+
+    Args:
+        nodes: graph nodes.
+        summary: `summarize` output (picks the slowest rank of each step).
+    Returns:
+        step, rank, kind (in STAGE_ORDER), start_us (trace clock), compute_s, wait_s (exposed
+        communication) and total_s.
+    """
     rows = []
     for step, g in summary.groupby("step"):
         rank = int(g.loc[g["step_s"].idxmax(), "rank"])
@@ -86,7 +103,12 @@ def critical_path(nodes: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def format_summary(summary: pd.DataFrame, cp: pd.DataFrame | None = None) -> str:
-    """The printed table: milliseconds per rank and step, then the mean critical path."""
+    """The printed table: milliseconds per rank and step, then the mean critical path.
+
+    Args:
+        summary: `summarize` output.
+        cp: `critical_path` output; None or empty: no critical-path line.
+    """
     cols = [
         "step_s",
         "sparse_compute_s",

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from sparselift.atomic import parquet_bytes, write_bytes, write_json
 from sparselift.errors import UserError
 
 CACHE_DIR = ".sparselift-cache"
@@ -55,6 +56,7 @@ class Trace:
 
     @cached_property
     def is_cuda(self) -> bool:
+        """Whether the trace has device (GPU) events."""
         return bool(self.events["cat"].isin(GPU_CATS).any())
 
 
@@ -76,7 +78,14 @@ def read_json(path: Path) -> Any:
 
 
 def parse_trace(doc: Any, path: str) -> Trace:
-    """Trace document → `Trace`; raises UserError when it is not a Kineto/Chrome trace."""
+    """A decoded trace document as a `Trace` (complete events only, sorted by start).
+
+    Args:
+        doc: the decoded JSON.
+        path: the file it came from, for messages and `Trace.path`.
+    Raises:
+        UserError: it is not a Kineto/Chrome trace (no `traceEvents` list).
+    """
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise UserError(f"{path}: not a Kineto trace: no 'traceEvents' list")
     thread_names: dict[tuple[Any, Any], str] = {}
@@ -135,7 +144,7 @@ def parse_trace(doc: Any, path: str) -> Trace:
     )
     for c in ("ext_id", "correlation", "seq", "stream", "device", "bytes"):
         df[c] = df[c].astype("Int64")
-    df["thread"] = [thread_names.get((p, t), "") for p, t in zip(df["pid"], df["tid"])]
+    df["thread"] = [thread_names.get((p, t), "") for p, t in zip(df["pid"], df["tid"], strict=True)]
     df["end"] = df["ts"] + df["dur"]
     df = (
         df[COLUMNS]
@@ -158,7 +167,17 @@ def parse_trace(doc: Any, path: str) -> Trace:
 
 
 def load_trace(path: str | Path, cache: bool = True) -> Trace:
-    """Parse `path` once; later calls read the Parquet cache beside it if the source is unchanged."""
+    """One rank's trace, parsed once: later calls read the Parquet cache beside it.
+
+    The cache is used only while the trace's size and mtime are unchanged; a broken cache is
+    parsed again.
+
+    Args:
+        path: a Kineto trace (.json or .json.gz).
+        cache: read and write the cache (a read-only directory just means no cache).
+    Raises:
+        UserError: the file is missing, corrupt, not JSON, or not a Kineto trace.
+    """
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: trace file missing")
@@ -177,7 +196,7 @@ def load_trace(path: str | Path, cache: bool = True) -> Trace:
                     events=pd.read_parquet(cfile),
                     meta=m["meta"],
                 )
-        except Exception:  # noqa: BLE001 - a broken cache is re-parsed, never trusted
+        except Exception:  # a broken cache, whatever is wrong with it, is re-parsed, never trusted
             pass
     tr = parse_trace(read_json(path), str(path))
     if cache:
@@ -187,8 +206,6 @@ def load_trace(path: str | Path, cache: bool = True) -> Trace:
 
 def _write_cache(tr: Trace, key: dict, cdir: Path, cfile: Path, mfile: Path) -> None:
     """Best effort: a read-only profile directory just means no cache."""
-    from sparselift.atomic import parquet_bytes, write_bytes, write_json
-
     try:
         cdir.mkdir(exist_ok=True)
         write_bytes(cfile, parquet_bytes(tr.events))

@@ -1,7 +1,8 @@
 """What the notebooks and the HTML reports show, assembled from the package's own functions.
 
-A view is a list of (heading, content) sections — content a HoloViews object, a DataFrame or text —
-so the same sections render in a notebook (`show`) and in one HTML file (`report.write_report`).
+A view is a list of (heading, content) sections — content a HoloViews object, a DataFrame, an
+object with `_repr_html_` (e.g. `Findings`) or text — so the same sections render in a notebook
+(`show`) and in one HTML file (`report.write_report`). A profile's view opens with its findings.
 """
 
 from __future__ import annotations
@@ -12,36 +13,63 @@ from typing import Any
 
 import pandas as pd
 
-from sparselift.analysis import plots
+from sparselift import plans
+from sparselift.analysis import plots, tables
+from sparselift.analysis.findings import Findings, key_findings
+from sparselift.analysis.pipeline import Analysis, analyze
 
 Sections = list[tuple[str, Any]]
 
 
 @dataclass
 class ProfileView:
-    """A profile directory with its analysis, ready to plot."""
+    """A profile directory with its analysis, ready to plot.
+
+    Attributes:
+        path: the profile directory.
+        manifest: its manifest, as the analysis read and checked it.
+        access: its access statistics (one row per table, rank and step), if recorded.
+        analysis: what `analyze` computed.
+    """
 
     path: Path
     manifest: dict[str, Any]
-    access: pd.DataFrame
-    analysis: Any  # sparselift.analysis.pipeline.Analysis
+    access: pd.DataFrame | None
+    analysis: Analysis
 
     @property
     def summary(self) -> pd.DataFrame:
+        """Where each rank's step went (`summary.SUMMARY_COLUMNS`, seconds)."""
         return self.analysis.summary
 
+    @property
+    def findings(self) -> Findings:
+        """Step time, where it goes and the critical sparse stage."""
+        a = self.analysis
+        return key_findings(a.summary, a.critical_path, a.nodes)
 
-def open_profile(path: str | Path, analysis: Any = None) -> ProfileView:
-    """Analyze a profile directory unless given its analysis (traces parse once, cached); the
-    manifest and access statistics are the ones the analysis read and checked."""
-    from sparselift.analysis.pipeline import analyze
 
+def open_profile(path: str | Path, analysis: Analysis | None = None) -> ProfileView:
+    """A profile directory's view.
+
+    Args:
+        path: the profile directory.
+        analysis: its analysis if already computed; else it is analyzed (traces parse once, then
+            come from the cache beside them).
+    Raises:
+        UserError: the directory is not a complete profile (`analyze`).
+    """
     a = analysis if analysis is not None else analyze(path)
     return ProfileView(path=Path(path), manifest=a.manifest, access=a.access_stats, analysis=a)
 
 
 def table_overview(access: pd.DataFrame) -> pd.DataFrame:
-    """Per table, over ranks and profiled steps: ids per step, unique ratio, pooling, skew."""
+    """Per table, over ranks and profiled steps: ids per step, unique ratio, pooling, skew.
+
+    Returns:
+        table, rows, dim, ids_per_step, unique_ratio, pooling_mean, pooling_p99, top1pct_share,
+        top10pct_share, zipf_alpha (numbers; `tables.table_overview` formats them).
+    """
     g = access.groupby("table", sort=False)
     out = pd.DataFrame(
         {
@@ -59,44 +87,53 @@ def table_overview(access: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def profile_sections(view: ProfileView) -> Sections:
-    m = view.manifest
-    s = view.summary
-    per_rank = (
-        s.groupby("rank")[
-            [
-                "step_s",
-                "sparse_compute_s",
-                "sparse_comm_s",
-                "dense_compute_s",
-                "exposed_comm_s",
-                "idle_s",
-            ]
-        ]
-        .mean()
-        .reset_index()
+def run_line(manifest: dict[str, Any]) -> str:
+    """One line on what was profiled: workload, ranks, device, batch, pipeline, steps."""
+    m = manifest
+    return (
+        f"workload {m.get('workload')}, {m.get('world_size')} ranks "
+        f"({m.get('device')}/{m.get('backend')}), batch {m.get('batch_size')}/rank, "
+        f"pipeline {m.get('pipeline')}, profiled steps {m.get('profiled_steps')}"
     )
-    return [
+
+
+def profile_sections(view: ProfileView) -> Sections:
+    """A profile's report: findings first, then the run, tables, plots and summary tables."""
+    a = view.analysis
+    findings = view.findings
+    sections: Sections = [
+        ("Findings", findings),
         (
-            "Run",
-            f"workload {m['workload']}, {m['world_size']} ranks ({m['device']}/{m['backend']}), "
-            f"batch {m['batch_size']}/rank, pipeline {m['pipeline']}, profiled steps {m['profiled_steps']}",
+            "Where the step goes (slowest rank, mean over profiled steps)",
+            tables.step_parts(findings),
         ),
-        ("Tables", table_overview(view.access)),
-        ("Access skew", plots.access_skew(view.access)),
-        ("Pooling factors", plots.pooling_factors(view.access)),
-        ("Step breakdown per rank", plots.step_breakdown(s)),
-        ("Timeline of the sparse path", plots.timeline(view.analysis.nodes)),
-        ("Imbalance across ranks", plots.imbalance(s)),
-        ("Summary per rank (mean over profiled steps, seconds)", per_rank),
-        ("Critical sparse path", view.analysis.critical_path),
+        ("Critical sparse path (slowest rank, mean over profiled steps)", _critical(a)),
+        ("Run", run_line(view.manifest)),
+    ]
+    if view.access is not None and not view.access.empty:
+        sections += [
+            ("Tables", tables.table_overview(table_overview(view.access))),
+            ("Access skew", plots.access_skew(view.access)),
+            ("Pooling factors", plots.pooling_factors(view.access)),
+        ]
+    return sections + [
+        ("Step breakdown per rank", plots.step_breakdown(view.summary)),
+        ("Timeline of the sparse path", plots.timeline(a.nodes)),
+        ("Imbalance across ranks", plots.imbalance(view.summary)),
+        ("Per rank (mean over profiled steps)", tables.per_rank(view.summary)),
     ]
 
 
-def load_plans(paths: list[str | Path]) -> dict[str, Any]:
-    """Plans by a short unique name (the file name without `.json`)."""
-    from sparselift import plans
+def _critical(a: Analysis) -> pd.DataFrame:
+    return tables.critical_path(a.critical_path, a.steps)
 
+
+def load_plans(paths: list[str | Path]) -> dict[str, Any]:
+    """Plans by a short unique name (the file name without `.json`; the path if taken).
+
+    Raises:
+        PlanError: a file is not a valid plan (`sparselift.plans.load`; bad input, exit 2).
+    """
     out = {}
     for p in paths:
         name = Path(p).name.removesuffix(".json")
@@ -105,7 +142,15 @@ def load_plans(paths: list[str | Path]) -> dict[str, Any]:
 
 
 def bench_rows(bench: dict[str, Any] | None, named_plans: dict[str, Any]) -> list[dict[str, Any]]:
-    """Predicted (from each plan) vs measured (a `sparselift bench --json` result) step times."""
+    """Predicted (from each plan) vs measured step times of a `sparselift bench --json` result.
+
+    Args:
+        bench: the bench result, or None (no rows).
+        named_plans: `load_plans` output; a contender's plan is found by its file name.
+    Returns:
+        One dict per contender: plan (label), predicted_step_s (None when its plan is not given
+        or predicts nothing), measured_step_s, steps_per_s, ratio (speed vs the first contender).
+    """
     rows = []
     for c in (bench or {}).get("contenders", []):
         plan = (
@@ -125,6 +170,7 @@ def bench_rows(bench: dict[str, Any] | None, named_plans: dict[str, Any]) -> lis
 
 
 def plan_sections(named_plans: dict[str, Any], bench: dict[str, Any] | None = None) -> Sections:
+    """Plans side by side: predicted cost and memory, sharding mix, placement, bench if given."""
     sections: Sections = [
         ("Per-rank predicted cost and memory", plots.per_rank_predicted(named_plans)),
         ("Sharding-type mix", plots.sharding_mix(named_plans)),
@@ -136,7 +182,7 @@ def plan_sections(named_plans: dict[str, Any], bench: dict[str, Any] | None = No
     if any(r["predicted_step_s"] and r["measured_step_s"] for r in rows):
         sections.append(("Predicted vs measured step time", plots.predicted_vs_measured(rows)))
     if rows:
-        sections.append(("Bench", pd.DataFrame(rows)))
+        sections.append(("Bench", tables.bench(rows)))
     return sections
 
 

@@ -20,11 +20,20 @@ SHARDED = ("table_wise", "column_wise", "row_wise", "table_row_wise")
 def dist_bytes(
     access: pd.DataFrame, plan_tables: pd.DataFrame, manifest: dict[str, Any]
 ) -> pd.DataFrame:
-    """One row per (rank, step, kind, group): bytes that rank moves for that sharding-type group's
-    input_dist, output_dist_fwd and output_dist_bwd (one host): a table-wise or column-wise shard's
-    rank sends its outputs and receives every other rank's ids and gradients; row-wise shards send
-    their share, and gloo's row-wise output is a ring all-reduce of the whole output, its backward
-    an all-gather."""
+    """Bytes each rank moves for each sharding-type group's distributions, in each step (one host).
+
+    A table-wise or column-wise shard's rank sends its outputs and receives every other rank's ids
+    and gradients; row-wise shards send their share, and gloo's row-wise output is a ring
+    all-reduce of the whole output, its backward an all-gather.
+
+    Args:
+        access: the profile's access statistics (ids per table, rank and step).
+        plan_tables: the plan in force, one row per shard.
+        manifest: the profile's manifest (world_size, batch_size, backend, tables' features).
+    Returns:
+        rank, step, kind (input_dist, output_dist_fwd, output_dist_bwd), group (sharding type), x
+        (bytes), sorted by the first four.
+    """
     world, batch = int(manifest["world_size"]), int(manifest.get("batch_size") or 0)
     feats = {
         t["name"]: max(1, len(t.get("feature_names") or []))
@@ -47,7 +56,9 @@ def dist_bytes(
             for r in range(world):
                 idb = float(ids.get((table, r, step), 0.0)) * ID_BYTES + lengths
                 if st in ("table_wise", "column_wise"):  # counted at the shard's rank, which
-                    for owner, cols in zip(sh["rank"], sh["cols"]):  # receives ids and gradients
+                    for owner, cols in zip(
+                        sh["rank"], sh["cols"], strict=True
+                    ):  # receives ids and gradients
                         out = batch * cols * FLOAT_BYTES
                         add(owner, step, "output_dist_fwd", st, 0.0 if owner == r else out)
                         if owner != r:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sparselift.analysis.findings import key_findings
 from sparselift.analysis.pipeline import OUTPUTS, analyze, write_outputs
+from sparselift.analysis.summary import format_summary
+from sparselift.calibration import Calibration
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,31 +27,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_analyze)
 
 
-def run_analyze(args: argparse.Namespace) -> int:
-    """Analyze args.dir, write its outputs and print the summary; 0 on success."""
-    from sparselift.analysis.summary import format_summary
+def calibration_line(cal: Calibration) -> str:
+    """One line: each op kind's fit (ms per call, per-unit cost, r², samples), dense step."""
+    fits = ", ".join(
+        f"{kind} a={fit.a_s * 1e3:.3f}ms"
+        + (f" sync={fit.sync_s * 1e3:.3f}ms" if fit.sync_s else "")
+        + f" b={fit.b_s:.3g}/{fit.x} r2={fit.r2:.2f} n={fit.n}"
+        for kind, fit in cal.ops.items()
+    )
+    dense = f"{cal.dense_step_s * 1e3:.2f} ms" if cal.dense_step_s is not None else "not measured"
+    return f"calibration: {fits}; dense_step {dense}"
 
+
+def run_analyze(args: argparse.Namespace) -> int:
+    """Analyze args.dir, write its outputs, print the findings and the summary; 0 on success.
+
+    Raises:
+        UserError: bad profile directory or unwritable output (exit 2, nothing written).
+    """
     a = analyze(args.dir, cache=not args.no_cache, progress=lambda line: print(line, flush=True))
     out = Path(args.out or args.dir)
     write_outputs(a, out)
+    print(key_findings(a.summary, a.critical_path, a.nodes))
     print(format_summary(a.summary, a.critical_path))
     if a.unplaced:
         print(f"could not place ({len(a.unplaced)}):")
         for line in a.unplaced:
             print(f"  {line}")
-    cal = a.calibration
-    print(
-        "calibration: "
-        + ", ".join(
-            f"{k} a={v.a_s * 1e3:.3f}ms"
-            + (f" sync={v.sync_s * 1e3:.3f}ms" if v.sync_s else "")
-            + f" b={v.b_s:.3g}/{v.x} r2={v.r2:.2f} n={v.n}"
-            for k, v in cal.ops.items()
-        )
-        + f"; dense_step {cal.dense_step_s * 1e3:.2f} ms"
-    )
+    print(calibration_line(a.calibration))
     print(f"wrote {', '.join(OUTPUTS)} to {out}")
     if args.html:
+        # deferred: HoloViews and Bokeh take seconds to import, and only the report needs them
         from sparselift.analysis.report import write_report
         from sparselift.analysis.views import open_profile, profile_sections
 

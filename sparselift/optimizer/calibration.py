@@ -1,21 +1,20 @@
-"""Cost coefficients: duration ≈ a_s + b_s·x per op kind, from calibration.json or a preset.
+"""Cost coefficients: duration ≈ a_s + b_s·x per op kind, from a calibration or a preset.
 
-`calibration.json` (written by `sparselift analyze`) fits op kinds on the profiled device; the
-topology preset supplies the rest (inter-host bytes, UVM reads, quantization, pipeline overhead) and
-everything when planning for hardware that was never profiled. Calibrated coefficients carry over
-by op kind only to a topology of the same device kind.
+A calibration (`sparselift.calibration`, written by `sparselift analyze`) fits op kinds on the
+profiled device; the topology preset supplies the rest (inter-host bytes, UVM reads, quantization,
+pipeline overhead) and everything when planning for hardware that was never profiled. Calibrated
+coefficients carry over by op kind only to a topology of the same device kind.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparselift.analysis.calibration import FORMAT, UNITS, VERSION
-from sparselift.errors import UserError
-from sparselift.jsonfile import read_versioned
+from sparselift.calibration import UNITS, Calibration, read_checked
 from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S
 from sparselift.optimizer.topology import Topology
 
@@ -32,10 +31,13 @@ OP_KINDS = (
 
 @dataclass(frozen=True)
 class Linear:
+    """duration = a_s + b_s · x for one call handling x units."""
+
     a_s: float  # fixed cost per call
     b_s: float  # seconds per unit of x
 
     def __call__(self, x: float) -> float:
+        """Seconds for one call handling `x` units."""
         return self.a_s + self.b_s * x
 
 
@@ -62,21 +64,31 @@ class Coefficients:
     source: str  # "preset <name>" or the calibration path
 
     def replace(self, **kw: Any) -> Coefficients:
+        """A copy with the fields in `kw` replaced."""
         return dataclasses.replace(self, **kw)
 
 
-# (seconds per call, seconds per work unit), measured for fbgemm's CPU TBE (see sparselift/kernels.py)
+# (seconds per call, seconds per work unit) of fbgemm's CPU TBE (see sparselift/kernels.py)
 CPU_LOOKUP = {k: (CPU_CALL_S[k], b) for k, b in (("lookup_fwd", 3.2e-9), ("lookup_bwd", 1.1e-8))}
 
 
 def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
+    """The coefficients a topology preset implies, with no calibration.
+
+    Args:
+        topo: the hardware planned for; CPU topologies use fbgemm's and TorchRec's measured CPU
+            call costs (`sparselift.kernels`), CUDA ones the preset's rates and latencies.
+        dense_step_s: the dense part of a step (a constant of every plan).
+    Returns:
+        Coefficients whose `source` names the preset.
+    """
     lookup_b = 1.0 / topo.lookup_rate
     comm = Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw)
     dist = {k: comm for k in ("input_dist", "output_dist_fwd", "output_dist_bwd")}
     if topo.device == "cuda":
         fwd = Linear(topo.kernel_latency_s, lookup_b)
         bwd = Linear(topo.kernel_latency_s, lookup_b * topo.bwd_multiplier)
-    else:  # FBGEMM's CPU kernels per unit of `sparselift.kernels.lookup_work`; TorchRec's dist calls
+    else:  # FBGEMM's CPU kernels per unit of `sparselift.kernels.lookup_work`; TorchRec's dists
         fwd, bwd = Linear(*CPU_LOOKUP["lookup_fwd"]), Linear(*CPU_LOOKUP["lookup_bwd"])
         dist = {k: Linear(CPU_CALL_S[k], CPU_DIST_B_S) for k in dist}
     return Coefficients(
@@ -86,7 +98,7 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
         dp_allreduce=Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw),
         wire_b_s=1.0 / topo.intra_host_bw,
         inter_host_b_s=max(1.0 / topo.inter_host_bw, 1.0 / topo.intra_host_bw),
-        dense_grad_b_s=lookup_b,  # the dense kernel touches every row: a gather-like pass per element
+        dense_grad_b_s=lookup_b,  # the dense kernel touches every row: a gather-like pass
         uvm_miss_b_s=(4.0 / topo.hbm_to_ddr_bw) if topo.hbm_to_ddr_bw else 0.0,
         quantize_b_s=1.0 / topo.quant_rate,
         dp_overlap=0.5 if topo.device == "cuda" else 0.0,
@@ -98,66 +110,86 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
 
 
 def load_calibration(path: str | Path) -> dict[str, Any]:
-    """Read and check calibration.json (analysis writes it); UserError names the file."""
-    where = str(path)
-    d = read_versioned(path, FORMAT, VERSION, "calibration file")
-    if not isinstance(d.get("ops"), dict):
-        raise UserError(f'{where}: a calibration file needs "ops"')
-    for kind, op in d["ops"].items():
-        if not isinstance(op, dict) or not all(
-            isinstance(op.get(k), (int, float)) for k in ("a_s", "b_s")
-        ):
-            raise UserError(f"{where}: op {kind!r} needs numeric a_s and b_s")
-        if not isinstance(op.get("sync_s", 0.0), (int, float)):
-            raise UserError(f"{where}: op {kind!r}: sync_s must be a number")
-    return d
+    """Read and check calibration.json, as its plain JSON object.
+
+    `sparselift.calibration.Calibration.load` reads the same file as a dataclass; this form is for
+    callers that take the object (`coefficients` accepts both).
+
+    Raises:
+        UserError: the file is missing, malformed or has a wrong field; the message names it.
+    """
+    return read_checked(path)
 
 
 def coefficients(
-    topo: Topology, calibration: dict[str, Any] | None = None, dense_step_s: float = 0.0
+    topo: Topology,
+    calibration: Calibration | Mapping[str, Any] | None = None,
+    dense_step_s: float = 0.0,
 ) -> Coefficients:
-    """The preset's coefficients with the calibrated op kinds laid over them (same device kind only).
+    """The preset's coefficients with the calibrated op kinds laid over them.
 
+    A calibration from another device kind is not used (the preset's coefficients are returned).
     Negative fitted slopes or intercepts (noise on few points) are clipped to 0 so that no option
     looks cheaper the more it moves.
+
+    Args:
+        topo: the hardware planned for.
+        calibration: a Calibration, calibration.json's object (or a dict with at least `ops`), or
+            None / {} for the preset alone.
+        dense_step_s: the dense part of a step when the calibration does not measure it.
+    Returns:
+        Coefficients whose `source` is the calibration's profile (or "calibration").
+    Raises:
+        UserError: a calibration object with a wrong field (`Calibration.from_dict`).
     """
     base = from_topology(topo, dense_step_s)
-    if not calibration or calibration.get("device", topo.device) != topo.device:
+    if not calibration:
         return base
-    ops = calibration["ops"]
+    cal = (
+        calibration
+        if isinstance(calibration, Calibration)
+        else Calibration.from_dict(calibration, "calibration")
+    )
+    if cal.device is not None and cal.device != topo.device:
+        return base
     kw: dict[str, Any] = {}
     for kind in OP_KINDS:
+        fit = cal.ops.get(kind)
         # lookups are fitted per unit of `sparselift.kernels.lookup_work`; a fit in another unit
         # (an older calibration) would be read in the wrong unit, so the preset's value stays
-        if kind in ops and (not kind.startswith("lookup") or ops[kind].get("x") == LOOKUP_UNIT):
-            fixed = float(ops[kind]["a_s"]) + float(
-                ops[kind].get("sync_s", 0.0)
-            )  # sync: distributions
-            kw[kind] = Linear(max(0.0, fixed), max(0.0, float(ops[kind]["b_s"])))
-    if "qcomm_quantize" in ops:  # analysis may fit the fp16 conversion; else the preset's rate
-        kw["quantize_b_s"] = max(0.0, float(ops["qcomm_quantize"]["b_s"]))
-    if "dp_allreduce" in ops and "overlap" in ops["dp_allreduce"]:
-        kw["dp_overlap"] = min(1.0, max(0.0, float(ops["dp_allreduce"]["overlap"])))
-    if isinstance(calibration.get("pipeline_overlap"), (int, float)):
-        kw["pipeline_overlap"] = min(1.0, max(0.0, float(calibration["pipeline_overlap"])))
-    if isinstance(calibration.get("dense_step_s"), (int, float)):
-        kw["dense_step_s"] = float(calibration["dense_step_s"])
+        if fit is not None and (not kind.startswith("lookup") or fit.x == LOOKUP_UNIT):
+            fixed = fit.a_s + fit.sync_s  # sync_s: distributions only
+            kw[kind] = Linear(max(0.0, fixed), max(0.0, fit.b_s))
+    if "qcomm_quantize" in cal.ops:  # analysis may fit the fp16 conversion; else the preset's
+        kw["quantize_b_s"] = max(0.0, cal.ops["qcomm_quantize"].b_s)
+    dp = cal.ops.get("dp_allreduce")
+    if dp is not None and dp.overlap is not None:
+        kw["dp_overlap"] = min(1.0, max(0.0, dp.overlap))
+    if cal.pipeline_overlap is not None:
+        kw["pipeline_overlap"] = min(1.0, max(0.0, cal.pipeline_overlap))
+    if cal.dense_step_s is not None:
+        kw["dense_step_s"] = cal.dense_step_s
     if "input_dist" in kw:  # bytes crossing hosts cost at least what they cost inside one
         kw["inter_host_b_s"] = max(base.inter_host_b_s, kw["input_dist"].b_s)
-    return base.replace(
-        source=str(calibration.get("provenance", {}).get("profile", "calibration")), **kw
-    )
+    profile = cal.provenance.profile
+    return base.replace(source=profile if profile is not None else "calibration", **kw)
 
 
 def dense_step_estimate(spec: Any, topo: Topology, batch_size: int) -> float:
-    """Dense MLPs' forward+backward time per step from their FLOPs (3 × 2·params·batch)."""
+    """Dense MLPs' forward + backward seconds per step from their FLOPs (3 × 2·params·batch).
+
+    Args:
+        spec: a `sparselift.workloads.spec.WorkloadSpec` (its dense and over arches, its tables).
+        topo: supplies the dense FLOP rate.
+        batch_size: per rank.
+    """
     m = spec.model
     dims = [spec.dense_in_features, *m.dense_arch]
-    params = sum(a * b for a, b in zip(dims, dims[1:]))
+    params = sum(a * b for a, b in zip(dims, dims[1:], strict=False))
     n = len(spec.tables) + 1
     over_in = m.dense_arch[-1] + (
         n * (n - 1) // 2 if m.interaction == "dot" else sum(t.embedding_dim for t in spec.tables)
     )
     over = [over_in, *m.over_arch]
-    params += sum(a * b for a, b in zip(over, over[1:]))
+    params += sum(a * b for a, b in zip(over, over[1:], strict=False))
     return 6.0 * params * batch_size / topo.dense_flops

@@ -1,0 +1,258 @@
+"""calibration.json: the fitted cost coefficients the analysis writes and the optimizer reads.
+
+This module owns the file: its format name and version, the dataclasses it holds (`Calibration`,
+one `OpFit` per op kind, `Provenance`) and the checks made when it is read. The analysis builds a
+`Calibration` (`sparselift.analysis.fit.calibrate`) and saves it; the optimizer loads it and lays
+its fits over a topology preset (`sparselift.optimizer.calibration.coefficients`). The fields'
+meaning and units are in docs/CONTRACTS.md.
+
+Only the fields a reader needs are required: fields that are absent read as their "not measured"
+value (None, or 0 where the sum does not change), so that a hand-written calibration with just
+`ops` still prices a plan. A field that is present with the wrong type is refused, naming the file
+and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparselift.atomic import json_bytes, write_bytes
+from sparselift.errors import UserError
+from sparselift.jsonfile import read_versioned
+
+FORMAT = "sparselift-calibration"
+VERSION = 1
+WHAT = "calibration file"  # how error messages name the file
+# unit of each op kind's x, as the analysis fits it (the optimizer ignores a lookup fit in another)
+UNITS = {
+    "lookup_fwd": "work",
+    "lookup_bwd": "work",
+    "input_dist": "bytes",
+    "output_dist_fwd": "bytes",
+    "output_dist_bwd": "bytes",
+    "dp_allreduce": "bytes",
+}
+
+
+@dataclass
+class OpFit:
+    """One op kind's fit: duration_s ≈ (a_s + sync_s) · calls + b_s · x, exposed main-thread time.
+
+    Attributes:
+        x: unit of x (`UNITS`); "" when a hand-written file does not say.
+        a_s: fixed cost per call (one sharding-type group's TBE kernel, or its distribution).
+        b_s: seconds per unit of x.
+        r2: coefficient of determination of the fit over its samples.
+        n: calls fitted on.
+        overlap: share of the collectives' transfer hidden behind other work (informative: a_s and
+            b_s already fit exposed time); None when not measured.
+        calls: calls per rank and step in the profile (sharding-type groups).
+        sync_s: distributions: the step's expected wait per call for ranks arriving at random.
+    """
+
+    x: str
+    a_s: float
+    b_s: float
+    r2: float
+    n: int
+    overlap: float | None = None
+    calls: float = 1.0
+    sync_s: float = 0.0
+
+    def cost(self, x: float, calls: float = 1.0) -> float:
+        """Exposed seconds of `calls` calls that handle `x` units in all, never negative."""
+        return max(0.0, (self.a_s + self.sync_s) * calls + self.b_s * x)
+
+
+@dataclass
+class Provenance:
+    """Where a calibration comes from (informative, except `manifest`, which `optimize` reads for
+    the profiled hardware: world_size, local_world_size, device, gpu).
+
+    Attributes:
+        profile: the profile directory analyzed.
+        created_unix: when the calibration was made (seconds since the epoch).
+        manifest: the profile manifest's fields that describe the run.
+        samples: per-call samples the fits used.
+        step_time_s_median: median measured step time (slowest rank), seconds.
+        step_time_s_min: fastest measured step time (slowest rank), seconds.
+    """
+
+    profile: str | None = None
+    created_unix: float | None = None
+    manifest: dict[str, Any] = field(default_factory=dict)
+    samples: int | None = None
+    step_time_s_median: float | None = None
+    step_time_s_min: float | None = None
+
+
+@dataclass
+class Calibration:
+    """The content of calibration.json.
+
+    Attributes:
+        device: "cpu" or "cuda"; None when not recorded (the fits then apply to any device).
+        backend: the process-group backend profiled ("gloo", "nccl").
+        world_size: ranks profiled.
+        batch_size: per-rank batch profiled.
+        ops: the fit of each op kind present, by kind.
+        dense_step_s: dense forward + backward + optimizer per step; None when not measured.
+        provenance: where the calibration comes from.
+        pipeline_overlap: share of input_dist the sparse-dist pipeline hides; None (the usual
+            case: the analysis does not measure it) leaves the topology's.
+    """
+
+    device: str | None
+    backend: str | None
+    world_size: int | None
+    batch_size: int | None
+    ops: dict[str, OpFit]
+    dense_step_s: float | None
+    provenance: Provenance = field(default_factory=Provenance)
+    pipeline_overlap: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object written to calibration.json (keys in file order)."""
+        out: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "provenance": dataclasses.asdict(self.provenance),
+            "device": self.device,
+            "backend": self.backend,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "ops": {kind: dataclasses.asdict(fit) for kind, fit in self.ops.items()},
+            "dense_step_s": self.dense_step_s,
+        }
+        if self.pipeline_overlap is not None:
+            out["pipeline_overlap"] = self.pipeline_overlap
+        return out
+
+    def to_bytes(self) -> bytes:
+        """calibration.json's bytes (built whole, so they can be written atomically later)."""
+        return json_bytes(self.to_dict())
+
+    def save(self, path: str | Path) -> None:
+        """Write calibration.json to `path` atomically (a temp file, then rename)."""
+        write_bytes(path, self.to_bytes())
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], where: str = "calibration") -> Calibration:
+        """A Calibration from calibration.json's object (`format` and `version` not checked here).
+
+        Args:
+            doc: the decoded JSON object, or a dict built in code with at least `ops`.
+            where: what to name in error messages (the file's path).
+        Returns:
+            The Calibration; absent optional fields take their "not measured" value.
+        Raises:
+            UserError: `ops` is missing, an op lacks numeric a_s and b_s, or a field present has
+                the wrong type; the message names `where` and the field.
+        """
+        if not isinstance(doc, Mapping):
+            raise UserError(f"{where}: a calibration must be a JSON object")
+        ops = doc.get("ops")
+        if not isinstance(ops, Mapping):
+            raise UserError(f'{where}: a calibration file needs "ops"')
+        prov = doc.get("provenance")
+        if prov is not None and not isinstance(prov, Mapping):
+            raise UserError(f"{where}: provenance must be an object")
+        return cls(
+            device=_optional(doc, "device", str, where),
+            backend=_optional(doc, "backend", str, where),
+            world_size=_optional(doc, "world_size", int, where),
+            batch_size=_optional(doc, "batch_size", int, where),
+            ops={str(kind): _op_fit(kind, op, where) for kind, op in ops.items()},
+            dense_step_s=_optional_number(doc, "dense_step_s", where),
+            provenance=_provenance(prov or {}, where),
+            pipeline_overlap=_optional_number(doc, "pipeline_overlap", where),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        """Read and check calibration.json.
+
+        Raises:
+            UserError: the file is missing or unreadable, not JSON, not a calibration of this
+                version, or a field is wrong (`from_dict`); the message names the file.
+        """
+        return cls.from_dict(read_checked(path), str(path))
+
+
+def read_checked(path: str | Path) -> dict[str, Any]:
+    """calibration.json's JSON object after the checks `Calibration.load` makes.
+
+    For readers that still take the plain object (e.g. the optimizer's topology choice).
+
+    Raises:
+        UserError: as `Calibration.load`.
+    """
+    doc = read_versioned(path, FORMAT, VERSION, WHAT)
+    Calibration.from_dict(doc, str(path))
+    return doc
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _optional(doc: Mapping[str, Any], key: str, kind: type, where: str, at: str = "") -> Any:
+    """doc[key] if present and not null, checked to be a `kind` (str or int); else None."""
+    v = doc.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, kind) or isinstance(v, bool):
+        raise UserError(f"{where}: {at}{key} must be {'a string' if kind is str else 'an integer'}")
+    return v
+
+
+def _optional_number(doc: Mapping[str, Any], key: str, where: str, at: str = "") -> float | None:
+    """float(doc[key]) if present and not null, else None; UserError if it is not a number."""
+    v = doc.get(key)
+    if v is None:
+        return None
+    if not _is_number(v):
+        raise UserError(f"{where}: {at}{key} must be a number")
+    return float(v)
+
+
+def _op_fit(kind: Any, op: Any, where: str) -> OpFit:
+    """One entry of `ops`, checked: numeric a_s and b_s, and the optional fields' types."""
+    if not isinstance(op, Mapping) or not all(_is_number(op.get(k)) for k in ("a_s", "b_s")):
+        raise UserError(f"{where}: op {kind!r} needs numeric a_s and b_s")
+    at = f"op {kind!r}: "
+    x = _optional(op, "x", str, where, at)
+    n = _optional(op, "n", int, where, at)
+    r2, overlap, calls, sync_s = (
+        _optional_number(op, k, where, at) for k in ("r2", "overlap", "calls", "sync_s")
+    )
+    return OpFit(
+        x="" if x is None else x,
+        a_s=float(op["a_s"]),
+        b_s=float(op["b_s"]),
+        r2=0.0 if r2 is None else r2,
+        n=0 if n is None else n,
+        overlap=overlap,
+        calls=1.0 if calls is None else calls,
+        sync_s=0.0 if sync_s is None else sync_s,
+    )
+
+
+def _provenance(prov: Mapping[str, Any], where: str) -> Provenance:
+    """The `provenance` object, checked field by field."""
+    at = "provenance."
+    manifest = prov.get("manifest")
+    if manifest is not None and not isinstance(manifest, dict):
+        raise UserError(f"{where}: {at}manifest must be an object")
+    return Provenance(
+        profile=_optional(prov, "profile", str, where, at),
+        created_unix=_optional_number(prov, "created_unix", where, at),
+        manifest=manifest or {},
+        samples=_optional(prov, "samples", int, where, at),
+        step_time_s_median=_optional_number(prov, "step_time_s_median", where, at),
+        step_time_s_min=_optional_number(prov, "step_time_s_min", where, at),
+    )
