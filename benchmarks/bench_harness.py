@@ -3,7 +3,7 @@
 Prints steps/s for `tiny` and `criteo-kaggle --max-rows 1000000` at 2 ranks with both train
 pipelines, then the batch-generation time per rank-batch next to the measured step time on
 criteo-kaggle (capped at 1 M rows, batch 2048): the share must stay at most 10 %. The harness makes
-a run's batches before its first step (`harness.made_ahead`), so the share is what a data loader
+a run's batches before its first step (`rank.made_ahead`), so the share is what a data loader
 beside training would have to keep up with, not part of the step. For reference it also times
 TorchRec's own skewed-input generator (`ModelInput.generate(power_law_alpha=…)`).
 
@@ -25,6 +25,7 @@ from sparselift.workloads.harness import TrainConfig, run_training
 def time_generation(
     workload: str, max_rows: int | None, batch_size: int | None, n: int = 20
 ) -> float:
+    """Seconds per batch of the SparseLift generator, on one thread as in a launched rank."""
     torch.set_num_threads(1)  # as inside a rank launched on this host
     gen = SyntheticBatches(
         load_workload(workload), seed=0, max_rows=max_rows, batch_size=batch_size
@@ -37,6 +38,7 @@ def time_generation(
 
 
 def time_torchrec_generator(workload: str, max_rows: int | None, n: int = 5) -> float:
+    """Seconds per batch of TorchRec's own skewed-input generator, for comparison."""
     from torchrec.distributed.test_utils.model_input import ModelInput
 
     from sparselift.workloads.models import table_configs
@@ -56,6 +58,7 @@ def time_torchrec_generator(workload: str, max_rows: int | None, n: int = 5) -> 
 
 
 def main() -> None:
+    """Run the benchmark and print the tables."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
@@ -67,7 +70,8 @@ def main() -> None:
         args.steps, args.warmup = 3, 1
     results = {}
     print(
-        f"{'workload':32s} {'pipeline':12s} {'steps/s':>8s} {'samples/s':>10s} {'peak MiB/rank':>14s}"
+        f"{'workload':32s} {'pipeline':12s} {'steps/s':>8s} {'samples/s':>10s} "
+        f"{'peak MiB/rank':>14s}"
     )
     for workload, max_rows in cases:
         for pipeline in ("base", "sparse-dist"):
@@ -93,14 +97,16 @@ def main() -> None:
     step_s = results[workload, "base"].step_time_s_median
     tr_s = time_torchrec_generator(workload, max_rows)
     print(
-        f"\nbatch generation, {workload} capped at {max_rows}, batch {load_workload(workload).batch_size}/rank:"
+        f"\nbatch generation, {workload} capped at {max_rows}, "
+        f"batch {load_workload(workload).batch_size}/rank:"
     )
     print(
-        f"  sparselift generator  {gen_s * 1e3:7.2f} ms per batch = {100 * gen_s / step_s:5.1f} % of a "
-        f"{step_s * 1e3:.1f} ms step (target <= 10 %)"
+        f"  sparselift generator  {gen_s * 1e3:7.2f} ms per batch = "
+        f"{100 * gen_s / step_s:5.1f} % of a {step_s * 1e3:.1f} ms step (target <= 10 %)"
     )
     print(
-        f"  torchrec ModelInput   {tr_s * 1e3:7.2f} ms per batch ({tr_s / gen_s:.1f}x the sparselift generator)"
+        f"  torchrec ModelInput   {tr_s * 1e3:7.2f} ms per batch "
+        f"({tr_s / gen_s:.1f}x the sparselift generator)"
     )
 
 

@@ -1,10 +1,10 @@
-"""TorchRec's plan vs the DLRM reference round-robin table-wise plan, and what loading a plan costs (issue 5).
+"""TorchRec's plan vs the DLRM reference round-robin table-wise plan, and what loading a plan costs.
 
 For `tiny` and `criteo-kaggle --max-rows 100000` at N ranks: writes both plans (TorchRec's planner
 for the real topology, exported with `from_torchrec`; every table whole on rank i mod N), then
-measures them with `sparselift bench`'s interleaved runs and prints steps/s and the ratio to TorchRec's
-plan side by side. Last, the time to load (read + schema + consistency checks) and convert a
-1,000-table plan to a TorchRec ShardingPlan.
+measures them with `sparselift bench`'s interleaved runs and prints steps/s and the ratio to
+TorchRec's plan side by side (issue 5). Last, the time to load (read + schema + consistency
+checks) and convert a 1,000-table plan to a TorchRec ShardingPlan.
 
     .venv/bin/python benchmarks/bench_plans.py [--nproc 2] [--rounds 5] [--steps 30] [--quick]
 """
@@ -30,6 +30,7 @@ WORKLOADS = (("tiny", None), ("criteo-kaggle", 100_000))
 
 
 def write_plans(workload: str, max_rows: int | None, nproc: int, out: Path) -> tuple[Path, Path]:
+    """TorchRec's plan and the round-robin plan of the workload on `nproc` ranks, in `out`."""
     spec = load_workload(workload).capped(max_rows)
     tables = spec.fingerprints()
     topo = plans.PlanTopology(nproc, nproc, "cpu" if not torch.cuda.is_available() else "cuda")
@@ -45,6 +46,7 @@ def write_plans(workload: str, max_rows: int | None, nproc: int, out: Path) -> t
 def time_big_plan(
     out: Path, n_tables: int = 1000, world: int = 8, repeats: int = 5
 ) -> dict[str, float]:
+    """Seconds to load (first and median) and convert a plan of `n_tables` tables; its bytes."""
     tables = [
         dict(
             name=f"table_{i:04d}",
@@ -83,6 +85,7 @@ def time_big_plan(
 
 
 def main() -> None:
+    """Run the benchmark and print the tables."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
@@ -117,12 +120,16 @@ def main() -> None:
         big = time_big_plan(Path(tmp))
 
     print(
-        f"\nsteps/s, median of {args.rounds} interleaved rounds × {args.steps} steps, {args.nproc} ranks"
+        f"\nsteps/s, median of {args.rounds} interleaved rounds × {args.steps} steps, "
+        f"{args.nproc} ranks"
     )
     print(f"  {'workload':32s} {'torchrec':>9s} {'round-robin':>12s} {'rr / torchrec':>14s}")
     for name, r in rows:
-        t, rr = r.contenders
-        print(f"  {name:32s} {t.median:9.2f} {rr.median:12.2f} {r.ratio(rr):14.3f}")
+        torchrec, round_robin = r.contenders
+        print(
+            f"  {name:32s} {torchrec.median:9.2f} {round_robin.median:12.2f} "
+            f"{r.ratio(round_robin):14.3f}"
+        )
     print(
         f"\n1000-table plan ({big['bytes'] / 1024:.0f} KiB): load {big['load_s'] * 1e3:.1f} ms "
         f"(first in process {big['first_load_s'] * 1e3:.1f} ms, schema compile included), "

@@ -2,36 +2,53 @@
 
 Runs are interleaved (A B A B …, one round = every contender once) so that drift of a shared
 machine — thermal, other jobs — hits every plan alike; each contender's figure is the median of its
-rounds' steps/s, and the ratio is to the first contender. Every plan is validated before anything trains.
+rounds' steps/s, and the ratio is to the first contender. Every plan is validated before anything
+trains.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparselift.errors import UserError
+from sparselift.jsonfile import read_json
 from sparselift.workloads.harness import TrainConfig, run_training
 
-TORCHREC = "torchrec"
+TORCHREC = "torchrec"  # the contender label (and `--vs` value) of TorchRec's own plan
+MAX_ROUNDS = 1000
+FORMAT = "sparselift-bench"  # `bench --json` files
+VERSION = 1
 
 
 @dataclass
 class Contender:
+    """One plan being measured.
+
+    Attributes:
+        label: how the tables name it.
+        plan: the plan file; None: TorchRec's planner for the real topology.
+        steps_per_s: one figure per round, filled by `run_bench`.
+    """
+
     label: str
-    plan: str | None  # None: TorchRec's planner for the real topology
-    steps_per_s: list[float] = field(default_factory=list)  # one per round
+    plan: str | None
+    steps_per_s: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float:
+        """The median of its rounds' steps/s."""
         return statistics.median(self.steps_per_s)
 
 
 @dataclass
 class BenchResult:
+    """Every contender's rounds, and what they were measured on."""
+
     workload: str
     nproc: int
     rounds: int
@@ -39,10 +56,15 @@ class BenchResult:
     contenders: list[Contender]
 
     def ratio(self, c: Contender) -> float:
+        """`c`'s median steps/s over the first contender's (> 1: `c` is faster)."""
         return c.median / self.contenders[0].median
 
     def to_json(self) -> dict[str, Any]:
+        """The result as `bench --json` writes it: per contender its rounds, median, min, max,
+        ratio."""
         return {
+            "format": FORMAT,
+            "version": VERSION,
             "workload": self.workload,
             "nproc": self.nproc,
             "rounds": self.rounds,
@@ -62,23 +84,72 @@ class BenchResult:
         }
 
     def table(self) -> str:
+        """The result for people: one line per contender (median, min, max steps/s, ratio)."""
         w = max(8, *(len(c.label) for c in self.contenders))
         lines = [
-            f"{self.workload}: {self.nproc} ranks, {self.rounds} rounds × {self.steps} steps, interleaved",
+            f"{self.workload}: {self.nproc} ranks, {self.rounds} rounds × {self.steps} steps, "
+            f"interleaved",
             f"  {'plan':{w}s} {'steps/s':>9s} {'min':>9s} {'max':>9s} {'ratio':>7s}",
         ]
         for c in self.contenders:
             lines.append(
-                f"  {c.label:{w}s} {c.median:9.2f} {min(c.steps_per_s):9.2f} {max(c.steps_per_s):9.2f} "
-                f"{self.ratio(c):7.3f}"
+                f"  {c.label:{w}s} {c.median:9.2f} {min(c.steps_per_s):9.2f} "
+                f"{max(c.steps_per_s):9.2f} {self.ratio(c):7.3f}"
             )
         return "\n".join(lines)
 
 
+def read_bench_result(path: str | Path) -> dict[str, Any]:
+    """Read a `bench --json` file, checked to the shape readers use (`contenders` and their keys).
+
+    A file without `format`/`version` (written before they existed) is read if its shape fits.
+
+    Raises:
+        UserError: one line naming the file: unreadable, malformed, another format or version, or
+            a contender without its label, median steps/s and ratio.
+    """
+    d = read_json(path, "bench result")
+    if not isinstance(d, dict) or d.get("format", FORMAT) != FORMAT:
+        raise UserError(f'{path}: not a bench result (expected "format": "{FORMAT}")')
+    if d.get("version", VERSION) != VERSION:
+        raise UserError(
+            f"{path}: unsupported bench result version {d.get('version')!r} (expected {VERSION})"
+        )
+    contenders = d.get("contenders")
+    if not isinstance(contenders, list) or not contenders:
+        raise UserError(f"{path}: a bench result needs a non-empty list of contenders")
+    for i, c in enumerate(contenders):
+        ok = (
+            isinstance(c, dict)
+            and isinstance(c.get("label"), str)
+            and isinstance(c.get("plan"), (str, type(None)))
+            and all(_positive_number(c.get(k)) for k in ("median", "ratio"))
+        )
+        if not ok:
+            raise UserError(
+                f"{path}: contender #{i} needs a label, a plan (or null) and positive "
+                f"median and ratio"
+            )
+    return d
+
+
+def _positive_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+
+
 def contenders_for(plans: list[str], vs_torchrec: bool) -> list[Contender]:
-    """Label each plan by its file name (its path if names clash); TorchRec's plan last."""
+    """The contenders of `bench --plan … [--vs torchrec]`, in that order, TorchRec's plan last.
+
+    Each plan is labelled by its file name (its path where names clash).
+
+    Raises:
+        UserError: nothing to measure.
+    """
     names = [Path(p).name for p in plans]
-    out = [Contender(label=n if names.count(n) == 1 else p, plan=p) for n, p in zip(names, plans)]
+    out = [
+        Contender(label=n if names.count(n) == 1 else p, plan=p)
+        for n, p in zip(names, plans, strict=True)
+    ]
     if vs_torchrec:
         out.append(Contender(label=TORCHREC, plan=None))
     if not out:
@@ -87,21 +158,39 @@ def contenders_for(plans: list[str], vs_torchrec: bool) -> list[Contender]:
 
 
 def run_bench(
-    base: TrainConfig, contenders: list[Contender], rounds: int = 3, echo=None
+    base: TrainConfig,
+    contenders: list[Contender],
+    rounds: int = 3,
+    echo: Callable[[str], None] | None = None,
 ) -> BenchResult:
-    """Validate every contender, then train them interleaved for `rounds` rounds."""
-    if rounds < 1:
-        raise UserError(f"--rounds must be at least 1, got {rounds}")
+    """Validate every contender, then train them interleaved for `rounds` rounds.
+
+    Args:
+        base: the run every contender trains (its `plan` is replaced by each contender's).
+        contenders: the plans; their `steps_per_s` are filled in.
+        rounds: interleaved rounds.
+        echo: called with one line per finished run (progress), if given.
+    Raises:
+        UserError: `rounds` out of range, or any contender's run is refused (plan vs workload
+            and world size): all checked before anything trains.
+        RankFailed: a rank of a run failed.
+    """
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise UserError(f"--rounds must be in 1..{MAX_ROUNDS}, got {rounds:,}")
+    if not contenders:
+        raise UserError("nothing to measure: give --plan at least once, or --vs torchrec")
     configs = [dataclasses.replace(base, plan=c.plan) for c in contenders]
-    spec = None
-    for cfg in configs:
-        spec = cfg.validate()  # plan vs workload and world size: all refused before any training
+    specs = [cfg.validate() for cfg in configs]  # every refusal before any training
     for r in range(rounds):
-        for c, cfg in zip(contenders, configs):
+        for c, cfg in zip(contenders, configs, strict=True):
             result = run_training(cfg)
             c.steps_per_s.append(result.steps_per_s)
             if echo:
                 echo(f"round {r + 1}/{rounds} {c.label}: {result.steps_per_s:.2f} steps/s")
     return BenchResult(
-        workload=spec.name, nproc=base.nproc, rounds=rounds, steps=base.steps, contenders=contenders
+        workload=specs[0].name,
+        nproc=base.nproc,
+        rounds=rounds,
+        steps=base.steps,
+        contenders=contenders,
     )

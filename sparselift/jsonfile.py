@@ -26,6 +26,8 @@ def read_json(path: str | Path, what: str) -> Any:
         raise UserError(
             f"{p}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"
         ) from None
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise UserError(f"{p}: unreadable JSON: {str(e).split(';')[0]}") from None
 
 
 def read_versioned(path: str | Path, fmt: str, version: int, what: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """A harness hook (runs on every rank) that reports how DMP actually sharded each table.
 
-Used by tests/test_plans_torchrec.py: it reads the sharded modules and the state dict's ShardedTensor
-metadata, i.e. what TorchRec built, not the plan that was passed in.
+Used by tests/test_plans_torchrec.py: it reads the sharded modules and the state dict's
+ShardedTensor metadata, i.e. what TorchRec built, not the plan that was passed in.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class LayoutHook:
             name = key.split(".embedding_bags.")[1].split(".")[0]
             if isinstance(w, ShardedTensor):
                 tables[name]["global_shards"] = sorted(
-                    (int(md.placement.rank()), list(md.shard_offsets), list(md.shard_sizes))
+                    (_rank(md), list(md.shard_offsets), list(md.shard_sizes))
                     for md in w.metadata().shards_metadata
                 )
                 tables[name]["local_shards"] = sorted(
@@ -59,3 +59,11 @@ class LayoutHook:
 
 def layout(ctx: Any) -> LayoutHook:
     return LayoutHook(ctx)
+
+
+def _rank(md: Any) -> int:
+    """The rank a ShardedTensor shard is placed on (every shard of a DMP table has a placement)."""
+    placement = md.placement
+    if placement is None or placement.rank() is None:
+        raise ValueError(f"shard {md} has no placement rank")
+    return int(placement.rank())

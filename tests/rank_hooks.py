@@ -1,4 +1,4 @@
-"""Hooks the harness loads inside launched ranks during tests (`TrainConfig.hook = "rank_hooks:…"`)."""
+"""Hooks the harness loads inside launched ranks in tests (`TrainConfig.hook = "rank_hooks:…"`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class ShardingTypes:
 
     def finish(self) -> dict:
         out = {}
-        for module_path, module_plan in self.ctx.model.plan.plan.items():
+        for module_plan in self.ctx.model.plan.plan.values():
             for table, ps in module_plan.items():
                 out[table] = {
                     "sharding_type": ps.sharding_type,

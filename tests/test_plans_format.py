@@ -1,4 +1,4 @@
-"""Plan files: round trip, deterministic bytes, schema and consistency refusals, speed, import cost."""
+"""Plan files: round trip, deterministic bytes, schema and consistency refusals, speed, imports."""
 
 from __future__ import annotations
 
@@ -140,7 +140,8 @@ def test_consistency_problems_are_all_listed():
         "table 't6': table_wise needs one shard of the whole table (300 × 32)",
         "table 't0': data_parallel needs compute_kernel 'dense'",
         "table 't7': compute_kernel 'fused_uvm' is not offered for table_wise on cpu",
-        "table 't4': table_row_wise shards must cover rows 0..2000 in order: shard 1 starts at 1000, "
+        "table 't4': table_row_wise shards must cover rows 0..2000 in order: "
+        "shard 1 starts at 1000, "
         "overlaps the previous shard",
     ):
         assert expected in msg, msg
@@ -215,11 +216,13 @@ p.check(model, 2)
 sp2 = p.sharding_plan(model)
 p.sharders(); p.pipeline_class(); p.plan_loader(model).load()
 bad = sorted(m for m in ("pandas", "ortools", "holoviews", "bokeh") if m in sys.modules)
-ours = sorted(m for m in sys.modules if m.startswith("sparselift.") and not m.startswith("sparselift.plans"))
+ours = sorted(m for m in sys.modules
+              if m.startswith("sparselift.") and not m.startswith("sparselift.plans"))
 print(json.dumps({"bad": bad, "ours": ours, "keys": sorted(sp.plan), "keys2": sorted(sp2.plan)}))
 """
 
 
+@pytest.mark.slow
 def test_plans_import_only_stdlib_torch_torchrec_jsonschema(tmp_path):
     path = tmp_path / "p.json"
     plans.save(mixed("fp16"), path)

@@ -1,4 +1,4 @@
-"""The loader against real TorchRec: ShardingPlan, sharders, PlanLoader, and 2-rank gloo DMP training."""
+"""The loader against real TorchRec: ShardingPlan, sharders, PlanLoader, 2-rank gloo DMP runs."""
 
 from __future__ import annotations
 
@@ -147,6 +147,7 @@ def ranks_import_tests(monkeypatch):
     )
 
 
+@pytest.mark.slow
 def test_two_rank_gloo_dmp_shards_every_table_as_planned(tmp_path, ranks_import_tests):
     plan = mixed("fp16", "sparse-dist")
     path = tmp_path / "mixed.json"
@@ -189,6 +190,7 @@ def test_two_rank_gloo_dmp_shards_every_table_as_planned(tmp_path, ranks_import_
             ), (t.name, rank_result.rank)
 
 
+@pytest.mark.slow
 def test_train_and_bench_with_plans_end_to_end(tmp_path, capsys):
     rr = tmp_path / "rr.json"
     plans.save(round_robin(2), rr)

@@ -39,6 +39,7 @@ def profile_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_every_file_is_there(profile_dir):
     names = sorted(p.name for p in profile_dir.iterdir())
     assert names == [
@@ -51,6 +52,7 @@ def test_every_file_is_there(profile_dir):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_trace_holds_the_sparse_path(profile_dir, rank):
     trace = json.loads(gzip.open(profile_dir / f"rank{rank}.trace.json.gz").read())
@@ -78,6 +80,7 @@ def test_trace_holds_the_sparse_path(profile_dir, rank):
     assert et["nodes"]
 
 
+@pytest.mark.slow
 def test_manifest(profile_dir):
     m = json.loads((profile_dir / "manifest.json").read_text())
     assert (m["format"], m["version"]) == ("sparselift-profile", 1)
@@ -117,6 +120,7 @@ def test_manifest(profile_dir):
     )
 
 
+@pytest.mark.slow
 def test_access_stats(profile_dir):
     df = pd.read_parquet(profile_dir / "access_stats.parquet")
     assert list(df.columns) == [
@@ -143,6 +147,7 @@ def test_access_stats(profile_dir):
     assert (df.groupby("table")["zipf_alpha"].nunique() == 1).all()
 
 
+@pytest.mark.slow
 def test_non_empty_dir_refused_without_force(profile_dir, capsys):
     rc = main(["profile", "--workload", "tiny", "--nproc", "2", "--out", str(profile_dir)])
     err = capsys.readouterr().err.strip()
@@ -157,6 +162,7 @@ def test_unwritable_out_refused(tmp_path, capsys):
     assert rc == 2 and str(blocker / "prof") in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_force_replaces_a_profile(tmp_path):
     out = tmp_path / "p"
     out.mkdir()

@@ -1,4 +1,4 @@
-"""The hook API in a user-written training loop on 2 ranks (no SparseLift harness), and its faults."""
+"""The hook API in a user-written training loop on 2 ranks (no SparseLift harness), its faults."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 # One rank of a user's own trainer: DMP model, TorchRec pipeline, ProfileSession around the loop.
 TRAINER = textwrap.dedent("""
@@ -92,6 +93,7 @@ def run_user_trainer(tmp_path: Path, out_dir: Path, world: int = 2) -> list[dict
     return [json.loads((tmp_path / f"result.{r}").read_text()) for r in range(world)]
 
 
+@pytest.mark.slow
 def test_user_loop_on_two_ranks(tmp_path):
     out = tmp_path / "prof"
     results = run_user_trainer(tmp_path, out)
@@ -117,6 +119,7 @@ def test_user_loop_on_two_ranks(tmp_path):
     assert len(df) == 8 * 2 * 2 and set(df["step"]) == {2, 3}
 
 
+@pytest.mark.slow
 def test_unwritable_dir_warns_once_and_training_goes_on(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sparselift.profiler.access import TableMeta
-from sparselift.profiler.stats import access_rows, merge_histograms, table_step
+from sparselift.profiler.access_stats import access_rows, merge_histograms, table_step
 from sparselift.profiler.zipf import fit_zipf_alpha
 from sparselift.workloads.batches import SyntheticBatches, scatter_ids, zipf_ranks
 from sparselift.workloads.spec import TableSpec, load_workload
@@ -137,7 +137,7 @@ def test_merge_histograms_sums_counts():
 
 
 def test_fbgemm_estimator_is_biased_where_ours_is_not():
-    """Why zipf.py exists: fbgemm's tbe_estimate_indices_distribution misses the spec by > 0.15 here."""
+    """Why zipf.py exists: fbgemm's tbe_estimate_indices_distribution misses the spec by > 0.15."""
     import fbgemm_gpu  # noqa: F401 - registers torch.ops.fbgemm
 
     g = torch.Generator().manual_seed(3)

@@ -13,10 +13,12 @@ from test_workloads_models_data import write_criteo_day
 
 from sparselift.workloads import load_workload
 from sparselift.workloads.batches import SyntheticBatches
-from sparselift.workloads.harness import TrainConfig, batches_for_rank, made_ahead, run_training
+from sparselift.workloads.harness import TrainConfig, run_training
 from sparselift.workloads.launch import RankFailed
+from sparselift.workloads.rank import batches_for_rank, made_ahead
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pipeline", ["base", "sparse-dist"])
 def test_train_cli_writes_json(cli, tmp_path, pipeline):
     out = tmp_path / "out.json"
@@ -44,6 +46,7 @@ def test_train_cli_writes_json(cli, tmp_path, pipeline):
     assert "steps/s" in stdout and "samples/s" in stdout
 
 
+@pytest.mark.slow
 def test_default_plan_is_torchrecs_planner():
     r = run_training(
         TrainConfig(workload="tiny", nproc=2, steps=1, warmup=0, hook="rank_hooks:ShardingTypes")
@@ -59,6 +62,7 @@ def test_default_plan_is_torchrecs_planner():
     assert r.ranks[0].extra == r.ranks[1].extra  # one collective plan for all ranks
 
 
+@pytest.mark.slow
 def test_a_crashing_rank_stops_the_job_with_its_error(cli):
     t0 = time.monotonic()
     with pytest.raises(RankFailed, match="rank 1 failed: RuntimeError: injected failure on rank 1"):
@@ -68,6 +72,7 @@ def test_a_crashing_rank_stops_the_job_with_its_error(cli):
     assert time.monotonic() - t0 < 60
 
 
+@pytest.mark.slow
 def test_busy_default_port_is_not_an_error():
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -93,7 +98,7 @@ def test_batches_are_made_before_the_steps_and_the_stream_is_unchanged():
     it = made_ahead(counted(), 5)
     assert len(made) == 5  # before the first step asks for one
     got = [next(it) for _ in range(7)]
-    assert len(made) == 7 and all(g is m for g, m in zip(got, made))
+    assert len(made) == 7 and all(g is m for g, m in zip(got, made, strict=True))
     ref = SyntheticBatches(spec, seed=3)
     for g in got:
         assert g.sparse_features.values().equal(ref.next_batch().sparse_features.values())
@@ -103,6 +108,7 @@ def test_batches_are_made_before_the_steps_and_the_stream_is_unchanged():
     assert len(made) == 1
 
 
+@pytest.mark.slow
 def test_train_on_criteo_day_files(tmp_path):
     write_criteo_day(tmp_path, 0, 512)
     cfg = TrainConfig(

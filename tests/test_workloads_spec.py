@@ -11,7 +11,7 @@ from sparselift.workloads import builtin_names, load_workload
 from sparselift.workloads.spec import parse_workload
 
 
-def test_builtins_match_shared_specs():
+def test_builtin_workloads_load():
     assert {"tiny", "criteo-kaggle", "multihot-26"} <= set(builtin_names())
     tiny = load_workload("tiny")
     assert len(tiny.tables) == 8 and tiny.batch_size == 256
@@ -42,11 +42,11 @@ def _tiny_dict():
     [
         (
             lambda d: d["tables"][3].update(num_embeddings=0),
-            "table 't3': num_embeddings must be positive",
+            "table 't3': num_embeddings must be an integer in 1..",
         ),
         (
             lambda d: d["tables"][1].update(embedding_dim=-4),
-            "table 't1': embedding_dim must be positive",
+            "table 't1': embedding_dim must be an integer in 1..",
         ),
         (lambda d: d["tables"][0].update(embedding_dim=16), "tables t0 differ"),
         (lambda d: d["tables"][0].update(pooling="gauss"), "pooling 'gauss' is not one of"),
@@ -61,6 +61,30 @@ def _tiny_dict():
             lambda d: d["tables"][0].update(num_embeddings="many"),
             "'num_embeddings' must be an integer",
         ),
+        (
+            lambda d: d["tables"][2].update(num_embeddings=10**20),
+            "table 't2': num_embeddings must be an integer in 1..1,099,511,627,776 (2^40), "
+            "got 100,000,000,000,000,000,000",
+        ),
+        (
+            lambda d: d["tables"][2].update(num_embeddings=1e5),
+            "'num_embeddings' must be an integer",
+        ),
+        (lambda d: d["tables"][2].update(embedding_dim=True), "'embedding_dim' must be an integer"),
+        (lambda d: d["tables"][2].update(embedding_dim=2**17), "embedding_dim must be an integer"),
+        (lambda d: d["tables"][2].update(pooling_factor=float("nan")), "pooling_factor must be"),
+        (lambda d: d["tables"][2].update(zipf_alpha=float("inf")), "zipf_alpha must be a number"),
+        (
+            lambda d: d["tables"][2].update(pooling_factor=10**400),
+            "pooling_factor must be a number",
+        ),
+        (lambda d: d["tables"][2].update(zipf_alpha="1"), "'zipf_alpha' must be a number"),
+        (lambda d: d.update(batch_size=2**30), "batch_size must be an integer in 1..16,777,216"),
+        (lambda d: d.update(batch_size=256.0), "'batch_size' must be an integer"),
+        (lambda d: d.update(name=""), "'name' must be a non-empty string"),
+        (lambda d: d.update(description=3), "'description' must be a string"),
+        (lambda d: d["model"].update(dcn_num_layers=0), "dcn_num_layers must be an integer in"),
+        (lambda d: d["model"].update(dense_arch=[64, 2**20]), "model.dense_arch must be"),
     ],
 )
 def test_bad_specs_are_refused_with_the_table_named(mutate, needle):
@@ -69,6 +93,45 @@ def test_bad_specs_are_refused_with_the_table_named(mutate, needle):
     with pytest.raises(UserError, match=None) as e:
         parse_workload(d, "spec.json")
     assert needle in str(e.value) and str(e.value).startswith("spec.json")
+
+
+def test_the_largest_table_allowed_loads():
+    d = _tiny_dict()
+    d["model"]["arch"] = "concat-mlp"
+    d["tables"][0].update(num_embeddings=2**40, embedding_dim=2**16)
+    assert parse_workload(d, "x").tables[0].num_embeddings == 2**40
+
+
+def test_numbers_too_large_for_any_type_are_refused_in_one_line(write_json):
+    d = _tiny_dict()
+    d["tables"][0]["num_embeddings"] = 10**400
+    with pytest.raises(UserError, match="got an integer of 401 digits"):
+        parse_workload(d, "x.json")
+    text = write_json(d, "big.json").read_text().replace("1" + "0" * 400, "9" * 5000)
+    with pytest.raises(UserError, match="huge.json: unreadable JSON: Exceeds the limit"):
+        load_workload(write_json(text, "huge.json"))
+
+
+def test_zero_max_rows_is_refused_not_ignored():
+    with pytest.raises(UserError, match="--max-rows must be positive, got 0"):
+        load_workload("tiny").capped(0)
+
+
+def test_format_doc_is_the_printed_format(cli):
+    from conftest import ROOT
+
+    code, out, _ = cli("workloads", "--format")
+    assert code == 0 and out.startswith("# Workload specs")
+    assert out == (ROOT / "docs" / "WORKLOADS.md").read_text()
+    for key in (
+        "num_embeddings",
+        "pooling_factor",
+        "zipf_alpha",
+        "feature_names",
+        "dcn_num_layers",
+    ):
+        assert f"`{key}`" in out
+    assert "1..1,099,511,627,776 (2^40)" in out  # the limit parse_workload applies
 
 
 def test_concat_mlp_allows_mixed_dims():
@@ -82,7 +145,7 @@ def test_concat_mlp_allows_mixed_dims():
     "args, needle",
     [
         (["--workload", "no-such-workload"], "unknown workload 'no-such-workload'"),
-        (["--workload", "tiny", "--nproc", "0"], "--nproc must be at least 1"),
+        (["--workload", "tiny", "--nproc", "0"], "--nproc must be in 1..1,024, got 0"),
     ],
 )
 def test_cli_bad_input_exit_2(cli, args, needle):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sparselift.atomic import write_json
+from sparselift.atomic import check_writable, write_json
 from sparselift.bench import TORCHREC, contenders_for, run_bench
 from sparselift.cli.train import add_training_args, config_from_args
 
@@ -28,7 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    """Measure the contenders interleaved, print the table (and write --json); 0 on success."""
+    """Measure the contenders interleaved, print the table (and write --json); 0 on success.
+
+    Raises:
+        UserError: bad input (an unwritable --json included), refused before anything trains.
+        RankFailed: a rank failed.
+    """
+    if args.json:
+        check_writable(args.json)
     contenders = contenders_for(args.plan, args.vs == TORCHREC)
     result = run_bench(
         config_from_args(args),

@@ -1,7 +1,8 @@
 """`sparselift plan show|validate|diff|from-torchrec|round-robin`.
 
-CLI code: unlike the loader it may import the rest of SparseLift (workload specs, model builders).
-Bad input raises PlanError / UserError, which the CLI prints as one line with exit code 2.
+CLI code: unlike the loader it may import the rest of SparseLift (workload specs, model builders,
+reports). Bad input raises PlanError / UserError, which the CLI prints as one line with exit code 2;
+output paths are checked before any work, so a refusal leaves no file.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import argparse
 from typing import Any
 
 from sparselift.plans.baselines import DEVICE_PRESETS
+from sparselift.plans.types import MAX_WORLD_SIZE
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `plan` and its actions to the `sparselift` sub-commands."""
     p = sub.add_parser("plan", help="inspect, check, compare and export sharding plans")
     psub = p.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
 
@@ -80,26 +83,28 @@ def _add_topology_args(q: argparse.ArgumentParser) -> None:
     q.add_argument("--out", required=True, help="plan file to write")
 
 
-def workload_tables(workload: str, max_rows: int | None) -> tuple[Any, list[dict[str, Any]]]:
-    """The (capped) workload spec and its tables as plan fingerprints."""
-    from sparselift.workloads.spec import load_workload
-
-    spec = load_workload(workload).capped(max_rows)
-    return spec, spec.fingerprints()
-
-
-def _topology(args: argparse.Namespace):
+def _check_world_size(flag: str, n: int) -> None:
     from sparselift.errors import UserError
-    from sparselift.plans.plan import PlanTopology
+
+    if not 1 <= n <= MAX_WORLD_SIZE:
+        raise UserError(f"{flag} must be in 1..{MAX_WORLD_SIZE:,}, got {n:,}")
+
+
+def _topology(args: argparse.Namespace) -> Any:
+    """The PlanTopology of --world-size, --local-world-size and --device (UserError if bad)."""
+    from sparselift.errors import UserError
+    from sparselift.plans.types import PlanTopology
 
     if args.device not in DEVICE_PRESETS:
         raise UserError(
             f"unknown --device preset {args.device!r} (known: {', '.join(DEVICE_PRESETS)})"
         )
-    local = args.local_world_size or args.world_size
-    if args.world_size < 1 or local < 1 or args.world_size % local:
+    _check_world_size("--world-size", args.world_size)
+    local = args.world_size if args.local_world_size is None else args.local_world_size
+    if local < 1 or args.world_size % local:
         raise UserError(
-            f"--world-size {args.world_size} must be a positive multiple of --local-world-size {local}"
+            f"--world-size {args.world_size} must be a positive multiple of "
+            f"--local-world-size {local}"
         )
     return PlanTopology(
         world_size=args.world_size,
@@ -110,6 +115,7 @@ def _topology(args: argparse.Namespace):
 
 
 def _provenance(args: argparse.Namespace, how: str) -> dict[str, Any]:
+    """What a written plan was made by and from: command, workload, row cap, versions."""
     import torch
     import torchrec
 
@@ -128,6 +134,7 @@ def _provenance(args: argparse.Namespace, how: str) -> dict[str, Any]:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    """Print the per-table and per-rank view of a plan; 0, or PlanError if it is bad."""
     from sparselift.plans import load
     from sparselift.plans.render import show
 
@@ -136,35 +143,51 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from sparselift.plans import load
+    """Check a plan (and that it fits --workload on --world-size); 0 and one line if it does.
 
+    Raises:
+        PlanError: the plan is bad or does not fit (every problem listed).
+        UserError: a bad workload or number.
+    """
+    from sparselift.plans import load
+    from sparselift.workloads.spec import load_workload
+
+    if args.world_size is not None:
+        _check_world_size("--world-size", args.world_size)
     plan = load(args.plan)
+    spec = load_workload(args.workload).capped(args.max_rows) if args.workload else None
     world = args.world_size or plan.topology.world_size
     what = ""
-    if args.workload:
-        _, tables = workload_tables(args.workload, args.max_rows)
-        plan.check_spec(tables, world)
+    if spec is not None:
+        plan.check_spec(spec.fingerprints(), world)
         what = f", fits {args.workload}" + (f" --max-rows {args.max_rows}" if args.max_rows else "")
     print(f"{args.plan}: valid plan, {len(plan.tables)} tables on {world} ranks{what}")
     return 0
 
 
 def run_diff(args: argparse.Namespace) -> int:
+    """Print what differs between plans A and B (and write --html with --bench); 0.
+
+    Raises:
+        PlanError: a plan is bad.
+        UserError: a bad --bench file or an unwritable --html, refused before anything is written.
+    """
+    from sparselift.atomic import check_writable
+    from sparselift.bench import read_bench_result
     from sparselift.plans import load
     from sparselift.plans.render import diff
 
+    if args.html:
+        check_writable(args.html)
     a, b = load(args.a), load(args.b)
+    bench = read_bench_result(args.bench) if args.bench else None
     lines = diff(a, b)
     text = "\n".join(lines) if lines else "the plans shard identically"
     print(text)
     if args.html:
-        import json
-        from pathlib import Path
-
         from sparselift.analysis.report import write_report
         from sparselift.analysis.views import load_plans, plan_sections
 
-        bench = json.loads(Path(args.bench).read_text()) if args.bench else None
         write_report(
             args.html,
             f"Plans: {args.a} vs {args.b}",
@@ -175,46 +198,69 @@ def run_diff(args: argparse.Namespace) -> int:
 
 
 def run_from_torchrec(args: argparse.Namespace) -> int:
+    """Write the plan TorchRec's planner makes for --workload on the topology; 0.
+
+    Raises:
+        UserError: bad input (refused before the planner runs), or PlanError: the planner
+            found no plan.
+    """
     import torch
 
+    from sparselift.atomic import check_writable
+    from sparselift.errors import UserError
     from sparselift.plans import from_torchrec, save, torchrec_plan
     from sparselift.workloads.models import build_model
+    from sparselift.workloads.spec import MAX_BATCH_SIZE, load_workload
 
     topology = _topology(args)
-    spec, tables = workload_tables(args.workload, args.max_rows)
+    if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH_SIZE:
+        raise UserError(f"--batch-size must be in 1..{MAX_BATCH_SIZE:,}, got {args.batch_size:,}")
+    spec = load_workload(args.workload).capped(args.max_rows)
+    check_writable(args.out)
     model = build_model(spec, dense_device=torch.device("cpu"))
     batch = args.batch_size or spec.batch_size
     plan = from_torchrec(
         torchrec_plan(model, topology, batch),
-        tables,
+        spec.fingerprints(),
         topology,
         provenance={**_provenance(args, "sparselift plan from-torchrec"), "batch_size": batch},
     )
     save(plan, args.out)
     print(
-        f"wrote {args.out}: TorchRec's plan for {spec.name} on {topology.world_size} {topology.device} ranks"
+        f"wrote {args.out}: TorchRec's plan for {spec.name} on {topology.world_size} "
+        f"{topology.device} ranks"
     )
     return 0
 
 
 def run_round_robin(args: argparse.Namespace) -> int:
+    """Write the round-robin table-wise reference plan for --workload; 0.
+
+    Raises:
+        UserError: bad input, refused before anything is written.
+    """
     import torch
 
+    from sparselift.atomic import check_writable
     from sparselift.plans import round_robin_table_wise, save
     from sparselift.plans.to_torchrec import model_tables
     from sparselift.workloads.models import build_model
+    from sparselift.workloads.spec import load_workload
 
     topology = _topology(args)
-    spec, tables = workload_tables(args.workload, args.max_rows)
-    paths = {path for path, _ in model_tables(build_model(spec, dense_device=torch.device("cpu")))}
+    spec = load_workload(args.workload).capped(args.max_rows)
+    check_writable(args.out)
+    model = build_model(spec, dense_device=torch.device("cpu"))
+    paths = {found.path for found in model_tables(model)}
     plan = round_robin_table_wise(
-        tables,
+        spec.fingerprints(),
         topology,
         module=paths.pop() if len(paths) == 1 else None,
         provenance=_provenance(args, "sparselift plan round-robin"),
     )
     save(plan, args.out)
     print(
-        f"wrote {args.out}: round-robin table-wise plan for {spec.name} on {topology.world_size} ranks"
+        f"wrote {args.out}: round-robin table-wise plan for {spec.name} on "
+        f"{topology.world_size} ranks"
     )
     return 0

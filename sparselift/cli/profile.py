@@ -6,11 +6,12 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sparselift.cli.train import add_training_args, config_from_args
 
 HOOK = "sparselift.profiler.hook:make_hook"
+# What `--force` removes from a profile directory before writing a new profile there.
 OUR_FILES = (
     "rank*.trace.json.gz",
     "rank*.et.json",
@@ -20,7 +21,8 @@ OUR_FILES = (
 )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `profile` to the `sparselift` sub-commands."""
     p = sub.add_parser(
         "profile", help="profile a few steps of sharded training into a profile directory"
     )
@@ -46,33 +48,36 @@ def register(sub) -> None:
         "--execution-trace",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="also record rank<R>.et.json (torch ExecutionTraceObserver; costs time and space; default off)",
+        help="also record rank<R>.et.json (torch ExecutionTraceObserver; costs time and space; "
+        "default off)",
     )
     p.set_defaults(run=run_profile)
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    """Profile the window, write the profile directory and print a summary.
+
+    Returns:
+        0, or 1 if the profile is incomplete (a rank's profiler failed; training went on).
+    Raises:
+        UserError: bad input, refused before the directory is touched or any rank starts.
+        RankFailed: a rank failed.
+    """
     from sparselift.errors import UserError
     from sparselift.profiler.outdir import prepare_out_dir
-    from sparselift.workloads.harness import run_training
+    from sparselift.workloads.harness import MAX_STEPS, run_training
 
-    if args.after < 0:
-        raise UserError(f"--after must be >= 0, got {args.after}")
+    if not 0 <= args.after <= MAX_STEPS:
+        raise UserError(f"--after must be in 0..{MAX_STEPS:,}, got {args.after:,}")
     if args.steps < 1:
         raise UserError(f"--steps must be at least 1, got {args.steps}")
-    out = prepare_out_dir(args.out, args.force)
-    if args.force:
-        for pattern in OUR_FILES:
-            for f in out.glob(pattern):
-                if f.is_file():
-                    f.unlink()
     cfg = config_from_args(
         args,
         plan=args.plan,
         hook=HOOK,
         progress=True,
         hook_args=dict(
-            out_dir=str(out.resolve()),
+            out_dir=str(Path(args.out).resolve()),
             warmup=args.warmup,
             steps=args.steps,
             execution_trace=args.execution_trace,
@@ -80,6 +85,13 @@ def run_profile(args: argparse.Namespace) -> int:
         ),
     )
     cfg.steps = args.steps + args.after
+    cfg.validate()  # bad input is refused before the directory is created or emptied
+    out = prepare_out_dir(args.out, args.force)
+    if args.force:
+        for pattern in OUR_FILES:
+            for f in out.glob(pattern):
+                if f.is_file():
+                    f.unlink()
     result = run_training(cfg)
     errors = [
         e for r in result.ranks for e in (f"rank {r.rank}: {x}" for x in r.extra.get("errors", []))
@@ -115,7 +127,12 @@ def command_line(args: argparse.Namespace) -> list[str]:
 
 
 def write_from_parent(out: Path, result: Any, extra0: dict[str, Any]) -> None:
-    """Rank 0's facts, with the harness's own per-step times and peak memory for every rank."""
+    """Write the profile from rank 0's facts and rows, with the harness's own step times and peak
+    memory for every rank (`result`, a TrainResult).
+
+    Raises:
+        OSError: a file cannot be written (UnwritablePathError included).
+    """
     from sparselift.profiler.manifest import ProfileFacts
     from sparselift.profiler.session import write_profile
 
@@ -126,18 +143,32 @@ def write_from_parent(out: Path, result: Any, extra0: dict[str, Any]) -> None:
     write_profile(out, extra0["rows"], facts)
 
 
-def window_ratio(step_times: list[list[float]], warmup: int, steps: int) -> tuple[float, float]:
-    """(median slowest-rank step time inside the window, after it), in seconds."""
+class WindowStepTimes(NamedTuple):
+    """Median slowest-rank step time inside the profiled window and after it, in seconds."""
+
+    inside_s: float
+    after_s: float  # NaN when no step ran after the window
+
+
+def window_step_times(step_times: list[list[float]], warmup: int, steps: int) -> WindowStepTimes:
+    """The step times inside and after the window, from every rank's step times (`[rank][step]`).
+
+    Why both: the difference is what profiling cost the profiled steps.
+    """
     per_step = [max(t[i] for t in step_times) for i in range(len(step_times[0]))]
     inside = per_step[warmup : warmup + steps]
     after = per_step[warmup + steps :]
-    return statistics.median(inside), (statistics.median(after) if after else float("nan"))
+    return WindowStepTimes(
+        statistics.median(inside), statistics.median(after) if after else float("nan")
+    )
 
 
 def summary(out: Path, result: Any, warmup: int, steps: int) -> str:
-    inside, after = window_ratio([r.step_times_s for r in result.ranks], warmup, steps)
+    """Two lines for people: what was profiled where, and the step time inside and after."""
+    times = window_step_times([r.step_times_s for r in result.ranks], warmup, steps)
     return (
-        f"profiled steps {warmup}..{warmup + steps - 1} of {result.workload} on {result.world_size} ranks "
-        f"({result.device}/{result.backend}) into {out}\n"
-        f"  step time: profiled {inside * 1e3:.1f} ms, after the window {after * 1e3:.1f} ms"
+        f"profiled steps {warmup}..{warmup + steps - 1} of {result.workload} on "
+        f"{result.world_size} ranks ({result.device}/{result.backend}) into {out}\n"
+        f"  step time: profiled {times.inside_s * 1e3:.1f} ms, "
+        f"after the window {times.after_s * 1e3:.1f} ms"
     )

@@ -1,18 +1,20 @@
-"""`sparselift train` and `sparselift workloads`."""
+"""`sparselift train` and `sparselift workloads`; the training flags train, profile, bench share."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from sparselift.workloads.harness import PIPELINES, TrainConfig
+from sparselift.workloads.harness import DEVICES, PIPELINES, TrainConfig
 
 
 def add_training_args(p: argparse.ArgumentParser) -> None:
-    """The flags every command that trains shares (train, profile, bench)."""
+    """Add the flags every command that trains shares (train, profile, bench) to `p`."""
     p.add_argument(
         "--workload",
         required=True,
-        help="built-in name (tiny, criteo-kaggle, multihot-26) or a spec path",
+        help="built-in name (tiny, criteo-kaggle, multihot-26) or a spec path "
+        "(format: `sparselift workloads --format`)",
     )
     p.add_argument("--nproc", type=int, default=2, help="ranks to launch on this host (default 2)")
     p.add_argument("--steps", type=int, default=30, help="measured steps (default %(default)s)")
@@ -32,11 +34,22 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data", default=None, help="directory of TorchRec-preprocessed Criteo .npy day files"
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seeds the model and the batches (0..4294967295)"
+    )
+    p.add_argument("--device", choices=DEVICES, default="auto")
 
 
-def config_from_args(args: argparse.Namespace, plan: str | None = None, **extra) -> TrainConfig:
+def config_from_args(
+    args: argparse.Namespace, plan: str | None = None, **extra: Any
+) -> TrainConfig:
+    """The TrainConfig the shared training flags in `args` describe.
+
+    Args:
+        args: parsed flags of `add_training_args`.
+        plan: the plan file to train with (None: TorchRec's planner).
+        extra: further TrainConfig fields (hook, hook_args, progress).
+    """
     return TrainConfig(
         workload=args.workload,
         nproc=args.nproc,
@@ -53,7 +66,8 @@ def config_from_args(args: argparse.Namespace, plan: str | None = None, **extra)
     )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `train` and `workloads` to the `sparselift` sub-commands."""
     p = sub.add_parser("train", help="train a workload on N ranks with DistributedModelParallel")
     add_training_args(p)
     p.add_argument(
@@ -63,13 +77,26 @@ def register(sub) -> None:
     p.set_defaults(run=run_train)
 
     p = sub.add_parser("workloads", help="list the built-in workloads")
+    p.add_argument(
+        "--format",
+        action="store_true",
+        help="print the workload-spec format (docs/WORKLOADS.md) instead",
+    )
     p.set_defaults(run=run_workloads)
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from sparselift.atomic import write_json
+    """Train, print the result's summary (and write --json); 0 on success.
+
+    Raises:
+        UserError: bad input, refused before any rank starts (an unwritable --json included).
+        RankFailed: a rank failed.
+    """
+    from sparselift.atomic import check_writable, write_json
     from sparselift.workloads.harness import run_training
 
+    if args.json:
+        check_writable(args.json)
     result = run_training(config_from_args(args, plan=args.plan, progress=True))
     print(result.summary())
     if args.json:
@@ -78,12 +105,19 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_workloads(args: argparse.Namespace) -> int:
+    """Print one line per built-in workload, or with --format the spec format; 0."""
+    if args.format:
+        from sparselift.workloads.spec_format import spec_format
+
+        print(spec_format(), end="")
+        return 0
     from sparselift.workloads.spec import builtin_names, load_workload
 
     for name in builtin_names():
         w = load_workload(name)
         rows = sum(t.num_embeddings for t in w.tables)
         print(
-            f"{name:15s} {len(w.tables):3d} tables {rows:>12,d} rows  {w.model.arch:10s} batch {w.batch_size}"
+            f"{name:15s} {len(w.tables):3d} tables {rows:>12,d} rows  {w.model.arch:10s} "
+            f"batch {w.batch_size}"
         )
     return 0

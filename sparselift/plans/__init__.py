@@ -1,9 +1,13 @@
-"""SparseLift plans: the file format, its validation, and the loader that turns a plan into TorchRec.
+"""SparseLift plans: the file format, its validation, and the loader that turns plans into TorchRec.
 
 Imports only the standard library, torch and torchrec — never pandas, ortools or plotting — so a
-production trainer pays milliseconds to load a plan; jsonschema, where installed, explains a bad one.
+production trainer pays little to load a plan; jsonschema, where installed, explains a bad one.
 torchrec is imported on first use of a TorchRec verb (`sharding_plan`, `apply`, …), so reading and
-checking a plan is cheaper still.
+checking a plan is cheaper still. Nothing else of SparseLift is imported.
+
+Modules: `types` (the parts of a plan), `plan` (`Plan`, to and from the file's JSON), `schema` and
+`consistency` (the checks), `fileio` (load / save), `to_torchrec` (TorchRec objects), `baselines`
+(TorchRec's plan and the round-robin reference), `render` (text views), `errors`.
 
     plan = sparselift.plans.load("plan.json")
     model = plan.apply(model, pg=pg, device=device)   # checks the model first, then DMP
@@ -16,14 +20,14 @@ from sparselift.plans.baselines import (
     round_robin_table_wise,
     torchrec_plan,
 )
-from sparselift.plans.errors import PlanError
+from sparselift.plans.errors import PlanError, PlanWriteError
 from sparselift.plans.fileio import dumps, load, loads, save
-from sparselift.plans.plan import (
+from sparselift.plans.plan import Plan
+from sparselift.plans.types import (
     DEFAULT_CACHE_LOAD_FACTOR,
     FORMAT,
     VERSION,
     CommPrecision,
-    Plan,
     PlanTopology,
     Shard,
     TableFingerprint,
@@ -38,6 +42,7 @@ __all__ = [
     "CommPrecision",
     "Plan",
     "PlanError",
+    "PlanWriteError",
     "PlanTopology",
     "Shard",
     "TableFingerprint",

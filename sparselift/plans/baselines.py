@@ -2,8 +2,8 @@
 
 * `from_torchrec`: the plan TorchRec's EmbeddingShardingPlanner makes (run offline here with
   `torchrec_plan`, no process group needed), converted so that comparisons use one format.
-* `round_robin_table_wise`: the DLRM reference layout — every table whole on one rank, round-robin in
-  table order, base pipeline.
+* `round_robin_table_wise`: the DLRM reference layout — every table whole on one rank, round-robin
+  in table order, base pipeline.
 """
 
 from __future__ import annotations
@@ -15,14 +15,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from sparselift.plans.errors import PlanError
-from sparselift.plans.plan import (
-    CommPrecision,
-    Plan,
-    PlanTopology,
-    Shard,
-    TableFingerprint,
-    TablePlan,
-)
+from sparselift.plans.plan import Plan
+from sparselift.plans.types import CommPrecision, PlanTopology, Shard, TableFingerprint, TablePlan
 
 # Named hardware for offline planning. The optimizer may define richer topology presets; these only
 # say which device kind (and, optionally, memory per rank in bytes) TorchRec's planner assumes.
@@ -40,7 +34,19 @@ def from_torchrec(
     pipeline: str = "base",
     provenance: dict[str, Any] | None = None,
 ) -> Plan:
-    """Convert a TorchRec ShardingPlan for `tables` on `topology` into a (validated) Plan."""
+    """Convert a TorchRec ShardingPlan for `tables` on `topology` into a validated Plan.
+
+    Args:
+        sharding_plan: TorchRec's ShardingPlan ({module path: {table: ParameterSharding}}).
+        tables: the model's tables (fingerprints or plan-file table dicts).
+        topology: the ranks it was planned for.
+        pipeline: the train pipeline to record ("base" or "sparse-dist").
+        provenance: free-form facts to record.
+    Returns:
+        The plan; its `module` is the one module path if there is exactly one, else None.
+    Raises:
+        PlanError: TorchRec's plan breaks a SparseLift check (every problem listed).
+    """
     fingerprints = [TableFingerprint.from_any(t) for t in tables]
     out: list[TablePlan] = []
     modules = set()
@@ -80,9 +86,7 @@ def from_torchrec(
         provenance=provenance,
         source="<torchrec plan>",
     )
-    return Plan.from_dict(
-        plan.to_dict(), plan.source
-    )  # validates: a TorchRec plan must pass our checks too
+    return Plan.from_dict(plan.to_dict(), plan.source)  # a TorchRec plan must pass our checks too
 
 
 def round_robin_table_wise(
@@ -92,7 +96,18 @@ def round_robin_table_wise(
     module: str | None = None,
     provenance: dict[str, Any] | None = None,
 ) -> Plan:
-    """Table i whole on rank i mod world_size, fused kernel, fp32 collectives, base pipeline."""
+    """The DLRM reference plan: table i whole on rank i mod world_size.
+
+    Fused kernel, fp32 collectives, base pipeline.
+
+    Args:
+        tables: the model's tables, in model order.
+        topology: the ranks.
+        module: the EmbeddingBagCollection's path, if known.
+        provenance: free-form facts to record.
+    Raises:
+        PlanError: the plan breaks a check (e.g. a CPU-only kernel on a device that lacks it).
+    """
     fingerprints = [TableFingerprint.from_any(t) for t in tables]
     out = [
         TablePlan(
@@ -132,25 +147,37 @@ def torchrec_plan(
     tr_topology: Any = None,
     constraints: dict[str, Any] | None = None,
     timeout_seconds: int | None = None,
-):
+) -> Any:
     """Run TorchRec's EmbeddingShardingPlanner offline (rank 0's view) for `model` on `topology`.
 
-    `tr_topology` (a TorchRec Topology with memory and bandwidths), `constraints` and
-    `timeout_seconds` are passed to the planner; without them it runs as a trainer calls it.
+    Args:
+        model: the unsharded model (tables on `meta` are fine).
+        topology: the ranks; its device (or preset) picks TorchRec's device kind and memory.
+        batch_size: samples per rank.
+        sharders: TorchRec sharders (default: the plain EmbeddingBagCollection sharder).
+        tr_topology: a TorchRec Topology with memory and bandwidths, instead of one built from
+            `topology`.
+        constraints: TorchRec ParameterConstraints per table.
+        timeout_seconds: the planner's time limit.
+        Without the last three the planner runs as a trainer calls it.
+    Returns:
+        TorchRec's ShardingPlan.
+    Raises:
+        PlanError: the planner found no plan (e.g. the tables do not fit the topology's memory).
     """
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
-    if tr_topology is None:
-        preset = DEVICE_PRESETS.get(topology.preset or topology.device, {})
-        extra = {k: preset[k] for k in ("hbm_cap", "ddr_cap") if k in preset}
-        tr_topology = Topology(
-            world_size=topology.world_size,
-            compute_device=topology.device,
-            local_world_size=topology.local_world_size,
-            **extra,
-        )
-    with quiet_torchrec():
+    with quiet_torchrec():  # a Topology built directly logs a warning the user cannot act on
+        if tr_topology is None:
+            preset = DEVICE_PRESETS.get(topology.preset or topology.device, {})
+            extra = {k: preset[k] for k in ("hbm_cap", "ddr_cap") if k in preset}
+            tr_topology = Topology(
+                world_size=topology.world_size,
+                compute_device=topology.device,
+                local_world_size=topology.local_world_size,
+                **extra,
+            )
         planner = EmbeddingShardingPlanner(
             topology=tr_topology,
             batch_size=batch_size,
@@ -167,7 +194,10 @@ def torchrec_plan(
 
 @contextmanager
 def quiet_torchrec() -> Iterator[None]:
-    """TorchRec's planner logs warnings to the root logger for every data-parallel table; mute them."""
+    """Mute TorchRec's planner while it runs: warnings to the root logger, FutureWarnings.
+
+    The planner logs a warning for every data-parallel table, which a user cannot act on.
+    """
     loggers = [logging.getLogger(), logging.getLogger("torchrec")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
@@ -177,5 +207,5 @@ def quiet_torchrec() -> Iterator[None]:
             warnings.simplefilter("ignore", FutureWarning)
             yield
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)

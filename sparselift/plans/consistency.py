@@ -1,20 +1,40 @@
-"""Rules the schema cannot express: ranks in range, shards tiling each table, kernels TorchRec offers.
+"""Rules the schema cannot express: ranks in range, shards tiling tables, kernels TorchRec offers.
 
 `plan_problems` checks a plan on its own; `fit_problems` checks it against a model's tables and the
-running world size. Both return every problem found (never stop at the first), each naming the table.
+running world size. Both return every problem found (never stop at the first), each naming the
+table.
 """
 
 from __future__ import annotations
 
-from sparselift.plans.plan import Plan, TableFingerprint, TablePlan
+from typing import TYPE_CHECKING
+
+from sparselift.plans.types import (
+    MAX_EMBEDDING_DIM,
+    MAX_NUM_EMBEDDINGS,
+    MAX_WORLD_SIZE,
+    TableFingerprint,
+    TablePlan,
+)
+
+if TYPE_CHECKING:  # `plan.py` calls these checks; importing it here would close a circle
+    from sparselift.plans.plan import Plan
 
 # What EmbeddingBagCollectionSharder.compute_kernels offers per device, for model-parallel tables.
 MP_KERNELS = {"cpu": ("fused",), "cuda": ("fused", "fused_uvm", "fused_uvm_caching", "key_value")}
 
 
 def plan_problems(plan: Plan) -> list[str]:
+    """Every problem of `plan` on its own: topology, table names and features, each table's shards.
+
+    Returns:
+        One message per problem, each naming the table it is about; [] for a consistent plan.
+    """
     problems: list[str] = []
     topo = plan.topology
+    if topo.world_size > MAX_WORLD_SIZE:  # before any check that walks the ranks
+        return [f"topology: world_size {topo.world_size:,} is more than {MAX_WORLD_SIZE:,}"]
+    problems += _size_problems(plan.model)
     if topo.local_world_size > topo.world_size or topo.world_size % topo.local_world_size:
         problems.append(
             f"topology: local_world_size {topo.local_world_size} does not divide "
@@ -26,6 +46,23 @@ def plan_problems(plan: Plan) -> list[str]:
         fp = fingerprints.get(t.name)
         if fp is not None:
             problems += [f"table {t.name!r}: {p}" for p in table_problems(t, fp, plan)]
+    return problems
+
+
+def _size_problems(tables: list[TableFingerprint]) -> list[str]:
+    """Tables beyond the largest a plan describes (MAX_NUM_EMBEDDINGS × MAX_EMBEDDING_DIM)."""
+    problems = []
+    for t in tables:
+        if t.num_embeddings > MAX_NUM_EMBEDDINGS:
+            problems.append(
+                f"model.tables: table {t.name!r} has {t.num_embeddings:,} rows, "
+                f"more than {MAX_NUM_EMBEDDINGS:,}"
+            )
+        if t.embedding_dim > MAX_EMBEDDING_DIM:
+            problems.append(
+                f"model.tables: table {t.name!r} has dim {t.embedding_dim:,}, "
+                f"more than {MAX_EMBEDDING_DIM:,}"
+            )
     return problems
 
 
@@ -57,7 +94,15 @@ def _name_problems(plan: Plan) -> list[str]:
 
 
 def table_problems(t: TablePlan, fp: TableFingerprint, plan: Plan) -> list[str]:
-    """Problems of one table's sharding against its size and the plan's topology."""
+    """Problems of one table's sharding against its size and the plan's topology.
+
+    Args:
+        t: the table's sharding.
+        fp: the table as the plan's model declares it.
+        plan: the plan (for its topology).
+    Returns:
+        One message per problem, without the table's name (the caller adds it).
+    """
     world, local = plan.topology.world_size, plan.topology.local_world_size
     device = plan.topology.device
     problems = [
@@ -134,7 +179,8 @@ def _shape_problems(t: TablePlan, fp: TableFingerprint, world: int, local: int) 
         problems += _tiling(kind, "rows", [(s.offsets[0], s.sizes[0]) for s in shards], rows)
         if kind == "row_wise" and t.ranks != list(range(world)):
             problems.append(
-                f"row_wise needs one shard per rank in rank order 0..{world - 1}, got ranks {t.ranks}"
+                f"row_wise needs one shard per rank in rank order 0..{world - 1}, "
+                f"got ranks {t.ranks}"
             )
         if kind == "table_row_wise":
             host = t.ranks[0] // local if t.ranks else 0
@@ -166,7 +212,8 @@ def _tiling(kind: str, axis: str, spans: list[tuple[int, int]], total: int) -> l
                 else f"leaves {axis} {at}..{off} uncovered"
             )
             return [
-                f"{kind} shards must cover {axis} 0..{total} in order: shard {i} starts at {off}, {what}"
+                f"{kind} shards must cover {axis} 0..{total} in order: "
+                f"shard {i} starts at {off}, {what}"
             ]
         at = off + size
     if at != total:
@@ -175,7 +222,15 @@ def _tiling(kind: str, axis: str, spans: list[tuple[int, int]], total: int) -> l
 
 
 def fit_problems(plan: Plan, tables: list[TableFingerprint], world_size: int) -> list[str]:
-    """Differences between the plan's model/topology and the one it is about to be used with."""
+    """Differences between the plan's model and world size and those it is about to run with.
+
+    Args:
+        plan: the plan.
+        tables: the model's tables as it is built.
+        world_size: the ranks of the job.
+    Returns:
+        One message per difference, naming the table; [] if the plan fits.
+    """
     problems = []
     if plan.topology.world_size != world_size:
         problems.append(
@@ -195,11 +250,13 @@ def fit_problems(plan: Plan, tables: list[TableFingerprint], world_size: int) ->
             continue
         if p.num_embeddings != a.num_embeddings:
             problems.append(
-                f"table {name!r} has {a.num_embeddings} rows in the model, {p.num_embeddings} in the plan"
+                f"table {name!r} has {a.num_embeddings} rows in the model, "
+                f"{p.num_embeddings} in the plan"
             )
         if p.embedding_dim != a.embedding_dim:
             problems.append(
-                f"table {name!r} has dim {a.embedding_dim} in the model, {p.embedding_dim} in the plan"
+                f"table {name!r} has dim {a.embedding_dim} in the model, "
+                f"{p.embedding_dim} in the plan"
             )
         if tuple(p.feature_names) != tuple(a.feature_names):
             problems.append(

@@ -1,8 +1,9 @@
-"""The plan as dataclasses: what a SparseLift plan file says, and the verbs a trainer needs.
+"""`Plan`: a whole SparseLift plan, its translation to and from the file, and a trainer's verbs.
 
 The file format is `plan.schema.json`; `to_dict`/`from_dict` are the only translation between the
-two. The TorchRec side (`sharding_plan`, `sharders`, `apply`, …) lives in `to_torchrec.py` and is
-imported on first use, so reading and checking a plan does not pay for importing torchrec.
+two, and `from_dict` is the one place a plan is validated (schema, then consistency). The TorchRec
+side (`sharding_plan`, `sharders`, `apply`, …) lives in `to_torchrec.py` and is imported on first
+use, so reading and checking a plan does not pay for importing torchrec.
 """
 
 from __future__ import annotations
@@ -11,96 +12,71 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparselift.plans.consistency import fit_problems, plan_problems
 from sparselift.plans.errors import PlanError
+from sparselift.plans.schema import schema_problems
+from sparselift.plans.types import (
+    DEFAULT_CACHE_LOAD_FACTOR,
+    FORMAT,
+    VERSION,
+    CommPrecision,
+    PlanTopology,
+    Shard,
+    TableFingerprint,
+    TablePlan,
+)
 
-FORMAT = "sparselift-plan"
-VERSION = 1
-DEFAULT_CACHE_LOAD_FACTOR = 0.2  # the UVM cache size TorchRec and FBGEMM use when none is given
-
-
-@dataclass(frozen=True)
-class TableFingerprint:
-    """One embedding table of the model the plan is for: what must match at load time."""
-
-    name: str
-    num_embeddings: int
-    embedding_dim: int
-    feature_names: tuple[str, ...]
-
-    @classmethod
-    def from_any(cls, t: TableFingerprint | dict[str, Any]) -> TableFingerprint:
-        if isinstance(t, TableFingerprint):
-            return t
-        return cls(
-            name=t["name"],
-            num_embeddings=int(t["num_embeddings"]),
-            embedding_dim=int(t["embedding_dim"]),
-            feature_names=tuple(t.get("feature_names") or (t["name"],)),
-        )
-
-
-@dataclass(frozen=True)
-class PlanTopology:
-    world_size: int
-    local_world_size: int
-    device: str = "cpu"
-    preset: str | None = None
-
-
-@dataclass(frozen=True)
-class Shard:
-    """A block of a table: rows [offsets[0], +sizes[0]) × columns [offsets[1], +sizes[1]) on `rank`."""
-
-    rank: int
-    offsets: tuple[int, int]
-    sizes: tuple[int, int]
-
-
-@dataclass
-class TablePlan:
-    """Everything TorchRec's ParameterSharding needs for one table."""
-
-    name: str
-    sharding_type: str
-    compute_kernel: str
-    ranks: list[int]
-    shards: list[Shard] = field(default_factory=list)  # empty for data_parallel
-    cache_load_factor: float | None = None
-
-    @property
-    def cache_share(self) -> float | None:
-        """The UVM cache's share of the table as it runs: TorchRec and FBGEMM size it at 0.2 when the
-        plan names none (TorchRec's planner leaves it out by default)."""
-        if self.compute_kernel == "fused_uvm_caching" and self.cache_load_factor is None:
-            return DEFAULT_CACHE_LOAD_FACTOR
-        return self.cache_load_factor
-
-
-@dataclass
-class CommPrecision:
-    """qcomm precision of the sharded collectives, per direction."""
-
-    forward: str = "fp32"
-    backward: str = "fp32"
+# Re-exported: `sparselift.plans.plan` has always offered the parts along with the whole.
+__all__ = [
+    "DEFAULT_CACHE_LOAD_FACTOR",
+    "FORMAT",
+    "VERSION",
+    "CommPrecision",
+    "Plan",
+    "PlanTopology",
+    "Shard",
+    "TableFingerprint",
+    "TablePlan",
+]
 
 
 @dataclass
 class Plan:
+    """How every embedding table of one model is sharded over one topology.
+
+    Attributes:
+        model: the model's tables, in the model's order (what the plan must be loaded against).
+        topology: the ranks the plan is for.
+        tables: one TablePlan per model table.
+        comm_precision: qcomm precision of the sharded collectives.
+        pipeline: the train pipeline, "base" or "sparse-dist".
+        module: FQN of the EmbeddingBagCollection in the train module, if known.
+        predicted: what the planner predicted (step time, per-rank costs); free-form.
+        solver: the planner and its result (status, objective, bound, gap, …); free-form.
+        provenance: what the plan was made from; free-form.
+        source: the file it came from, for messages (not part of the plan: not compared).
+    """
+
     model: list[TableFingerprint]
     topology: PlanTopology
     tables: list[TablePlan]
     comm_precision: CommPrecision = field(default_factory=CommPrecision)
     pipeline: str = "base"
-    module: str | None = None  # FQN of the EmbeddingBagCollection in the train module, if known
+    module: str | None = None
     predicted: dict[str, Any] | None = None
     solver: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
-    source: str = field(default="<plan>", compare=False)  # file it came from, for messages
+    source: str = field(default="<plan>", compare=False)
 
     # ---------------------------------------------------------------------------- file format
 
     def to_dict(self) -> dict[str, Any]:
-        """The file's JSON object, keys in the documented order, tables in model order."""
+        """The plan file's JSON object: keys in the documented order, tables in model order.
+
+        Free-form values (`predicted`, `solver`, `provenance`, cache_load_factor) are made
+        canonical — sorted keys, floats to 10 significant digits, non-finite floats as null — so
+        that equal plans give equal bytes.
+        """
         order = {t.name: i for i, t in enumerate(self.model)}
         tables = sorted(self.tables, key=lambda t: (order.get(t.name, len(order)), t.name))
         model: dict[str, Any] = {}
@@ -137,10 +113,16 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "<plan>") -> Plan:
-        """Validate `d` (schema, then consistency) and build the plan; PlanError lists every problem."""
-        from sparselift.plans.consistency import plan_problems
-        from sparselift.plans.schema import schema_problems
+        """Validate a decoded plan file (schema, then consistency) and build the plan.
 
+        Args:
+            d: the decoded JSON document.
+            source: where it came from, named in every message.
+        Returns:
+            The plan, integers as Python ints (JSON Schema counts 2.0 as an integer).
+        Raises:
+            PlanError: listing every problem found (not only the first).
+        """
         problems = schema_problems(d)
         if problems:
             raise PlanError(source, problems)
@@ -187,6 +169,7 @@ class Plan:
         return plan
 
     def table(self, name: str) -> TablePlan:
+        """The TablePlan of table `name`; KeyError if the plan has none."""
         for t in self.tables:
             if t.name == name:
                 return t
@@ -197,45 +180,74 @@ class Plan:
     def check_spec(
         self, tables: list[dict[str, Any]] | list[TableFingerprint], world_size: int
     ) -> None:
-        """Refuse (PlanError listing every difference) a model's tables or a world size it was not made for."""
-        from sparselift.plans.consistency import fit_problems
+        """Refuse a model's tables or a world size the plan was not made for.
 
+        Args:
+            tables: the model's tables (fingerprints or plan-file table dicts).
+            world_size: the ranks the plan is about to run on.
+        Raises:
+            PlanError: listing every difference (missing, extra or resized tables, other
+                features, another world size).
+        """
         problems = fit_problems(self, [TableFingerprint.from_any(t) for t in tables], world_size)
         if problems:
             raise PlanError(self.source, problems)
 
     def check(self, model: Any, world_size: int) -> None:
-        """`check_spec` against the EmbeddingBagCollections found in the unsharded `model`."""
+        """`check_spec` against the EmbeddingBagCollections found in the unsharded `model`.
+
+        Raises:
+            PlanError: as `check_spec`.
+        """
         from sparselift.plans.to_torchrec import model_tables
 
-        self.check_spec([t for _, t in model_tables(model)], world_size)
+        self.check_spec([found.table for found in model_tables(model)], world_size)
 
     # ------------------------------------------------------------------------------- TorchRec
 
     def sharding_plan(self, model: Any = None):
-        """TorchRec's ShardingPlan; module paths from `model` if given, else the plan's `module`."""
+        """TorchRec's ShardingPlan; module paths from `model` if given, else the plan's `module`.
+
+        Raises:
+            PlanError: `model` lacks a table of the plan.
+        """
         from sparselift.plans.to_torchrec import sharding_plan
 
         return sharding_plan(self, model)
 
     def sharders(self) -> list[Any]:
+        """The EmbeddingBagCollection sharder, with qcomm codecs for `comm_precision`."""
         from sparselift.plans.to_torchrec import sharders
 
         return sharders(self)
 
     def pipeline_class(self) -> type:
+        """TorchRec's train pipeline class for `pipeline` (TrainPipelineBase / …SparseDist)."""
         from sparselift.plans.to_torchrec import pipeline_class
 
         return pipeline_class(self.pipeline)
 
     def apply(self, model: Any, pg: Any, device: Any):
-        """Check the plan against `model` and the group, then shard it: a DistributedModelParallel."""
+        """Check the plan against `model` and the group, then shard it: a DistributedModelParallel.
+
+        Args:
+            model: the unsharded train module (tables on `meta` are fine).
+            pg: the process group it runs in.
+            device: the device of this rank.
+        Raises:
+            PlanError: the plan does not fit the model, the group's size or the device kind;
+                checked before anything is built.
+        """
         from sparselift.plans.to_torchrec import apply
 
         return apply(self, model, pg, device)
 
     def plan_loader(self, model: Any = None):
-        """A TorchRec PlanLoader serving this plan to `EmbeddingShardingPlanner(plan_loader=...)`."""
+        """A TorchRec PlanLoader serving this plan to `EmbeddingShardingPlanner(plan_loader=...)`.
+
+        Raises:
+            PlanError: `model` lacks a table of the plan.
+        """
         from sparselift.plans.to_torchrec import SparseLiftPlanLoader
 
         return SparseLiftPlanLoader(self, model)
@@ -255,7 +267,7 @@ def _table_dict(t: TablePlan) -> dict[str, Any]:
 
 
 def _canonical(v: Any) -> Any:
-    """Free-form values with fixed float precision and sorted keys, so equal plans give equal bytes."""
+    """A free-form value with fixed float precision and sorted keys: equal plans, equal bytes."""
     if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
         return v
     if isinstance(v, float):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from sparselift.plans.plan import Plan, TablePlan
+from sparselift.plans.plan import Plan
+from sparselift.plans.types import TablePlan
 
+# Sharding types as the per-table view abbreviates them.
 SHORT = {
     "data_parallel": "DP",
     "table_wise": "TW",
@@ -15,6 +17,7 @@ SHORT = {
 
 
 def _bytes(n: float) -> str:
+    """`n` bytes for people: B, KiB, MiB, GiB or TiB."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -23,6 +26,7 @@ def _bytes(n: float) -> str:
 
 
 def _shards(t: TablePlan) -> str:
+    """Where a table's shards are, in one phrase ("rank 1", "r0:rows 0-500, r1:rows 500-1000")."""
     if t.sharding_type == "data_parallel":
         return "whole table on every rank"
     if t.sharding_type == "table_wise":
@@ -35,7 +39,11 @@ def _shards(t: TablePlan) -> str:
 
 
 def rank_elements(plan: Plan) -> list[dict[str, int]]:
-    """Per rank: tables touched and embedding elements held (rows × cols summed over its shards)."""
+    """Per rank: tables touched and embedding elements held (rows × cols summed over its shards).
+
+    Returns:
+        One {"tables": int, "elements": int} per rank, in rank order.
+    """
     fps = {t.name: t for t in plan.model}
     out = [{"tables": 0, "elements": 0} for _ in range(plan.topology.world_size)]
     for t in plan.tables:
@@ -53,13 +61,15 @@ def rank_elements(plan: Plan) -> list[dict[str, int]]:
 
 
 def show(plan: Plan) -> str:
+    """The plan for people: its topology and choices, then a per-table and a per-rank view."""
     topo = plan.topology
     lines = [
         f"plan {plan.source}",
         f"  topology    {topo.world_size} ranks ({topo.local_world_size} per host), {topo.device}"
         + (f", preset {topo.preset}" if topo.preset else ""),
         f"  pipeline    {plan.pipeline}",
-        f"  comm        forward {plan.comm_precision.forward}, backward {plan.comm_precision.backward}",
+        f"  comm        forward {plan.comm_precision.forward}, "
+        f"backward {plan.comm_precision.backward}",
         f"  model       {len(plan.model)} tables" + (f" in {plan.module}" if plan.module else ""),
     ]
     if plan.solver:
@@ -119,23 +129,24 @@ def show(plan: Plan) -> str:
 def diff(a: Plan, b: Plan) -> list[str]:
     """One line per difference between plan `a` and plan `b`; [] if they shard identically."""
     out = []
-    for what, x, y in (
+    plan_wide: list[tuple[str, object, object]] = [
         ("topology", a.topology, b.topology),
         ("pipeline", a.pipeline, b.pipeline),
         ("comm_precision", a.comm_precision, b.comm_precision),
-    ):
-        if x != y:
-            out.append(f"{what}: {x} -> {y}")
-    fa, fb = {t.name: t for t in a.model}, {t.name: t for t in b.model}
-    for name in fa:
-        if name not in fb:
+    ]
+    for what, value_a, value_b in plan_wide:
+        if value_a != value_b:
+            out.append(f"{what}: {value_a} -> {value_b}")
+    model_a, model_b = {t.name: t for t in a.model}, {t.name: t for t in b.model}
+    for name in model_a:
+        if name not in model_b:
             out.append(f"model: table {name!r} only in A")
-        elif fa[name] != fb[name]:
-            out.append(f"model: table {name!r}: {fa[name]} -> {fb[name]}")
-    out += [f"model: table {name!r} only in B" for name in fb if name not in fa]
-    ta, tb = {t.name: t for t in a.tables}, {t.name: t for t in b.tables}
-    for name, x in ta.items():
-        y = tb.get(name)
+        elif model_a[name] != model_b[name]:
+            out.append(f"model: table {name!r}: {model_a[name]} -> {model_b[name]}")
+    out += [f"model: table {name!r} only in B" for name in model_b if name not in model_a]
+    tables_b = {t.name: t for t in b.tables}
+    for x in a.tables:
+        y = tables_b.get(x.name)
         if y is None:
             continue
         changes = []
@@ -148,5 +159,5 @@ def diff(a: Plan, b: Plan) -> list[str]:
         if x.shards != y.shards or x.ranks != y.ranks:
             changes.append(f"{_shards(x)} -> {_shards(y)}")
         if changes:
-            out.append(f"table {name}: " + "; ".join(changes))
+            out.append(f"table {x.name}: " + "; ".join(changes))
     return out

@@ -1,4 +1,4 @@
-"""A plan → TorchRec objects: ShardingPlan, sharders with qcomm codecs, train pipeline, DMP, PlanLoader.
+"""A plan → TorchRec objects: ShardingPlan, sharders with qcomm codecs, pipeline, DMP, PlanLoader.
 
 Module paths are found by walking the model for its EmbeddingBagCollections, never hard-coded:
 DLRM keeps its tables at `model.sparse_arch.embedding_bag_collection`, other models elsewhere.
@@ -6,7 +6,7 @@ DLRM keeps its tables at `model.sparse_arch.embedding_bag_collection`, other mod
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
@@ -25,33 +25,40 @@ from torchrec.distributed.types import (
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from sparselift.plans.errors import PlanError
-from sparselift.plans.plan import CommPrecision, Plan, TableFingerprint, TablePlan
+from sparselift.plans.types import CommPrecision, TableFingerprint, TablePlan
+
+if TYPE_CHECKING:  # `Plan` calls into this module on first use; importing it would close a circle
+    from sparselift.plans.plan import Plan
 
 
-def model_tables(model: nn.Module) -> list[tuple[str, TableFingerprint]]:
-    """(module path, table) for every table of every EmbeddingBagCollection in `model`."""
+class ModelTable(NamedTuple):
+    """A table found in a model: the EmbeddingBagCollection's module path and the table."""
+
+    path: str
+    table: TableFingerprint
+
+
+def model_tables(model: nn.Module) -> list[ModelTable]:
+    """Every table of every EmbeddingBagCollection in `model`, in module then table order."""
     out = []
     for path, m in model.named_modules():
         if isinstance(m, EmbeddingBagCollection):
             for c in m.embedding_bag_configs():
-                out.append(
-                    (
-                        path,
-                        TableFingerprint(
-                            name=c.name,
-                            num_embeddings=c.num_embeddings,
-                            embedding_dim=c.embedding_dim,
-                            feature_names=tuple(c.feature_names),
-                        ),
-                    )
+                table = TableFingerprint(
+                    name=c.name,
+                    num_embeddings=c.num_embeddings,
+                    embedding_dim=c.embedding_dim,
+                    feature_names=tuple(c.feature_names),
                 )
+                out.append(ModelTable(path, table))
     return out
 
 
 def _table_paths(plan: Plan, model: nn.Module | None) -> dict[str, str]:
+    """Table name → EmbeddingBagCollection path: from `model`, else the plan's `module` (or "")."""
     if model is None:
         return {t.name: plan.module or "" for t in plan.model}
-    paths = {t.name: path for path, t in model_tables(model)}
+    paths = {found.table.name: found.path for found in model_tables(model)}
     missing = [t.name for t in plan.tables if t.name not in paths]
     if missing:
         raise PlanError(
@@ -63,6 +70,7 @@ def _table_paths(plan: Plan, model: nn.Module | None) -> dict[str, str]:
 def parameter_sharding(
     t: TablePlan, plan: Plan, device_type: str | None = None
 ) -> ParameterSharding:
+    """TorchRec's ParameterSharding of table `t`, placed on `device_type` (default: the plan's)."""
     device_type = device_type or plan.topology.device
     local = plan.topology.local_world_size
     spec = None
@@ -91,7 +99,15 @@ def parameter_sharding(
 def sharding_plan(
     plan: Plan, model: nn.Module | None = None, device_type: str | None = None
 ) -> ShardingPlan:
-    """TorchRec's ShardingPlan: {module path: {table: ParameterSharding}}."""
+    """TorchRec's ShardingPlan: {module path: {table: ParameterSharding}}.
+
+    Args:
+        plan: the plan.
+        model: the unsharded model whose module paths to use; None: the plan's `module`.
+        device_type: the device kind the shards are placed on (default: the plan's).
+    Raises:
+        PlanError: `model` lacks a table of the plan.
+    """
     paths = _table_paths(plan, model)
     modules: dict[str, EmbeddingModuleShardingPlan] = {}
     for t in plan.tables:
@@ -124,13 +140,20 @@ def precision_sharders(cp: CommPrecision, device: torch.device) -> list[Any]:
 
 
 def pipeline_class(name: str) -> type:
+    """TorchRec's train pipeline class for a plan's `pipeline` ("base" or "sparse-dist")."""
     from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
     return {"base": TrainPipelineBase, "sparse-dist": TrainPipelineSparseDist}[name]
 
 
-def apply(plan: Plan, model: nn.Module, pg: Any, device: torch.device):
-    """Fail closed: check model, world size and device kind first, then build the DMP model."""
+def apply(plan: Plan, model: nn.Module, pg: Any, device: torch.device) -> Any:
+    """Fail closed: check model, world size and device kind first, then build the DMP model.
+
+    Returns:
+        The DistributedModelParallel of `model` sharded as planned.
+    Raises:
+        PlanError: listing every way the plan does not fit `model`, `pg`'s size or `device`.
+    """
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
 
@@ -156,33 +179,37 @@ def apply(plan: Plan, model: nn.Module, pg: Any, device: torch.device):
 class SparseLiftPlanLoader(PlanLoader):
     """Serves a SparseLift plan to `EmbeddingShardingPlanner(plan_loader=...)`.
 
-    TorchRec matches loaded options to its enumerated ones by `storage_hash` (table FQN, sharding type,
-    kernel, cache load factor, number of shards) and takes only the shards (sizes, offsets, ranks)
-    from us, so a plan whose option TorchRec does not enumerate (e.g. a column split it would not
-    make) is refused by the planner.
+    TorchRec matches loaded options to its enumerated ones by `storage_hash` (table FQN, sharding
+    type, kernel, cache load factor, number of shards) and takes only the shards (sizes, offsets,
+    ranks) from us, so a plan whose option TorchRec does not enumerate (e.g. a column split it would
+    not make) is refused by the planner.
     """
 
     def __init__(self, plan: Plan, model: nn.Module | None = None) -> None:
+        """Serve `plan`; module paths from `model` if given (PlanError if it lacks a table)."""
         self._plan = plan
         self._paths = _table_paths(plan, model)
         self._fingerprints = {t.name: t for t in plan.model}
 
     def get_plan_id(self) -> str:
+        """The plan's source file, as TorchRec's planner logs it."""
         return self._plan.source
 
     def plan_context_hash(self) -> str | None:
+        """None: TorchRec's context check is not used (`Plan.check` compares the model)."""
         return None  # the plan carries its own fingerprint; check() compares it
 
     def _storage(self, size: list[int], t: TablePlan) -> Storage:
-        """Rough bytes of a shard (fp32 weights + row-wise optimizer state) for the planner's stats."""
+        """Rough bytes of a shard (fp32 weights + row-wise optimizer state), for planner stats."""
         nbytes = size[0] * size[1] * 4 + size[0] * 4
         if self._plan.topology.device == "cpu" or t.compute_kernel in ("fused_uvm", "key_value"):
             return Storage(hbm=0, ddr=nbytes)
-        if t.compute_kernel == "fused_uvm_caching":
-            return Storage(hbm=int(nbytes * t.cache_share), ddr=nbytes)
+        if t.compute_kernel == "fused_uvm_caching":  # cache_share is never None for this kernel
+            return Storage(hbm=int(nbytes * (t.cache_share or 0.0)), ddr=nbytes)
         return Storage(hbm=nbytes, ddr=0)
 
     def load(self) -> dict[int, ShardingOption]:
+        """One ShardingOption per table, keyed by its `storage_hash` (what TorchRec matches on)."""
         out = {}
         world = self._plan.topology.world_size
         for t in self._plan.tables:

@@ -4,7 +4,8 @@ The capture wraps the module's `input_dist` (an instance attribute over the boun
 after the window): both TorchRec's plain forward (`ShardedModule.forward` → `input_dist`) and the
 sparse-dist pipeline (which calls `module.input_dist` directly, one batch ahead) go through it,
 whereas a forward pre-hook sees only the placeholder arguments of the pipelined forward. Only
-references are kept while training; statistics are computed after the window (`stats.py`).
+references are kept while training; statistics are computed after the window
+(`access_stats.py`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ def _configs(module: nn.Module) -> list[Any] | None:
 
 
 def find_sharded_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The outermost TorchRec sharded embedding modules (ShardedEmbeddingBagCollection, …) in `model`."""
+    """The outermost TorchRec sharded embedding modules in `model`, with their paths.
+
+    Raises:
+        NoShardedEmbeddingError: there is none (the model is not DMP-sharded).
+    """
     from torchrec.distributed.types import ShardedModule
 
     found: list[tuple[str, nn.Module]] = []
@@ -61,9 +66,9 @@ def find_sharded_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
                 found.append((path, m))
     if not found:
         raise NoShardedEmbeddingError(
-            f"the profiler needs a model sharded by TorchRec (DistributedModelParallel) with at least one "
-            f"sharded embedding module (ShardedEmbeddingBagCollection or ShardedEmbeddingCollection); "
-            f"{type(model).__name__} has none"
+            f"the profiler needs a model sharded by TorchRec (DistributedModelParallel) with at "
+            f"least one sharded embedding module (ShardedEmbeddingBagCollection or "
+            f"ShardedEmbeddingCollection); {type(model).__name__} has none"
         )
     return found
 
@@ -77,6 +82,7 @@ def clean_path(path: str) -> str:
 
 
 def table_metas(modules: list[tuple[str, nn.Module]]) -> list[TableMeta]:
+    """Every table the sharded `modules` declare, in module then table order."""
     metas = []
     for path, m in modules:
         for c in _configs(m) or []:
@@ -113,6 +119,7 @@ class AccessRecorder:
     _attached: bool = False
 
     def attach(self) -> None:
+        """Wrap every module's `input_dist`; what they receive is captured while `step` is set."""
         for path, m in self.modules:
             m.input_dist = self._wrap(path, m.input_dist)
         self._attached = True
@@ -125,8 +132,8 @@ class AccessRecorder:
             m.__dict__.pop("input_dist", None)
         self._attached = False
 
-    def _wrap(self, path: str, original):
-        def input_dist(*args, **kwargs):
+    def _wrap(self, path: str, original: Any) -> Any:
+        def input_dist(*args: Any, **kwargs: Any) -> Any:
             if self.step is not None:
                 kjt = _find_kjt(args, kwargs)
                 if kjt is not None:

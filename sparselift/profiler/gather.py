@@ -6,7 +6,14 @@ from typing import Any
 
 
 def gather_to_rank0(obj: Any, group: Any = None) -> list[Any] | None:
-    """Every rank must call this once at the same point; rank 0 gets the list in rank order."""
+    """Gather `obj` of every rank of `group` on its rank 0.
+
+    Every rank must call this once, at the same point of its run.
+
+    Returns:
+        On rank 0 the objects in rank order; None on the other ranks; `[obj]` when not
+        distributed (or a group of one).
+    """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:

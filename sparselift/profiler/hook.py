@@ -21,6 +21,11 @@ def make_hook(
     execution_trace: bool = False,
     command: list[str] | None = None,
 ) -> ProfileSession:
+    """The ProfileSession of one rank of a harness run (`ctx`: the harness's RankContext).
+
+    It writes only its trace; the parent writes the directory's other files from rank 0's
+    `finish()`.
+    """
     return ProfileSession(
         out_dir,
         ctx.model,

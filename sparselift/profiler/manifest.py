@@ -2,7 +2,8 @@
 
 Format "sparselift-profile", version 1. Keys (all always present; unknown values are null):
   format, version, created_unix, versions{sparselift, torch, torchrec, fbgemm_gpu, python},
-  command, workload, world_size, local_world_size, device, gpu (rank 0's CUDA device name), backend, batch_size,
+  command, workload, world_size, local_world_size, device, gpu (rank 0's CUDA device name),
+  backend, batch_size,
   warmup, profiled_steps[], tables[{name, num_embeddings, embedding_dim, feature_names, pooling,
   pooling_factor, zipf_alpha, pooling_type, module, zipf_alpha_fitted}],
   sharding[{table, module, sharding_type, compute_kernel, ranks, shards[{rank, offsets, sizes}],
@@ -22,6 +23,7 @@ VERSION = 1
 
 
 def versions() -> dict[str, str | None]:
+    """Versions of SparseLift, torch, torchrec, fbgemm_gpu and Python (None where unknown)."""
     import torch
 
     import sparselift
@@ -29,7 +31,7 @@ def versions() -> dict[str, str | None]:
     def _v(module: str) -> str | None:
         try:
             return getattr(__import__(module), "__version__", None)
-        except Exception:  # noqa: BLE001 - a missing optional package is just unknown
+        except Exception:  # a missing optional package is just unknown
             return None
 
     return dict(
@@ -42,7 +44,7 @@ def versions() -> dict[str, str | None]:
 
 
 def sharding_of(model: Any) -> list[dict[str, Any]]:
-    """The plan in force, per table, read from DistributedModelParallel's `plan` (plan-file shape)."""
+    """The plan in force, per table, from DistributedModelParallel's `plan` (plan-file shape)."""
     plan = getattr(model, "plan", None)
     out: list[dict[str, Any]] = []
     for module, module_plan in sorted(getattr(plan, "plan", {}).items()):
@@ -100,6 +102,7 @@ class ProfileFacts:
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:
+    """The manifest.json object of `f`, keys in the documented order, stamped with the time."""
     d = asdict(f)
     files = dict(
         traces=d.pop("traces"),
@@ -123,7 +126,13 @@ def table_entries(
     spec_tables: dict[str, Any] | None = None,
     fitted: dict[str, float | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Manifest tables: what the sharded modules declare, plus the workload spec's pooling and skew."""
+    """Manifest tables: what the sharded modules declare, plus the spec's pooling and skew.
+
+    Args:
+        metas: the tables as the sharded modules declare them.
+        spec_tables: the workload spec's tables by name, if the run had a spec.
+        fitted: the Zipf exponent fitted to each table's observed ids.
+    """
     out = []
     for m in metas:
         s = (spec_tables or {}).get(m.name)

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sparselift.atomic import parquet_bytes, write_bytes
+from sparselift.atomic import file_in_the_way, parquet_bytes, write_bytes
 from sparselift.errors import UserError
 
 MANIFEST = "manifest.json"
@@ -15,10 +15,23 @@ ACCESS_STATS = "access_stats.parquet"
 
 
 def prepare_out_dir(path: str | Path, force: bool) -> Path:
-    """Create DIR; refuse a non-empty one unless `force`; check it takes a file (bad input → UserError)."""
+    """Create the profile directory `path` (and its parents), and check that it takes a file.
+
+    Args:
+        path: the directory.
+        force: accept a non-empty directory (the caller replaces the profile there).
+    Returns:
+        The directory, created.
+    Raises:
+        UserError: `path` is a file or below one, is not empty (without `force`), or cannot be
+            created or written.
+    """
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a directory")
+    blocking = file_in_the_way(out)
+    if blocking is not None:
+        raise UserError(f"cannot write {out}: {blocking} is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UserError(
             f"--out {out}: directory exists and is not empty (use --force to overwrite)"
@@ -37,7 +50,7 @@ def write_access_stats(path: str | Path, rows: list[dict[str, Any]]) -> None:
     """access_stats.parquet with the contract's columns, in order, even when there are no rows."""
     import pandas as pd
 
-    from sparselift.profiler.stats import COLUMNS
+    from sparselift.profiler.access_stats import COLUMNS
 
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     dtypes = {

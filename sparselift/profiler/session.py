@@ -11,12 +11,12 @@ or `profile_pipeline(pipeline, "prof/", ...)` around a TorchRec TrainPipeline, o
 Steps before the window run untouched. At the first profiled step the session starts
 torch.profiler and wraps the sharded modules' `input_dist`; after the last it stops, unwraps, writes
 this rank's trace, and gathers every rank's access statistics on rank 0, which writes
-`access_stats.parquet` and `manifest.json` (unless `write_files=False`: then `finish()` hands them to
-the caller). `execution_trace=True` also records torch's ExecutionTraceObserver (`rank<R>.et.json`,
-op dependencies joinable to the Kineto trace); it is off by default because it costs: ~3 MB per rank for
-3 steps of `tiny`, and steps after the window measured slower with it (benchmarks/bench_profiler_overhead.py).
-After the window, `step_begin` / `step_end` return at once. Nothing the profiler does
-may stop training: every failure is caught, warned about once, and listed in `errors`.
+`access_stats.parquet` and `manifest.json` (unless `write_files=False`: then `finish()` hands them
+to the caller). `execution_trace=True` also records torch's ExecutionTraceObserver
+(`rank<R>.et.json`, op dependencies joinable to the Kineto trace); it is off by default because it
+costs disk space and slows the steps after the window (benchmarks/bench_profiler_overhead.py).
+After the window, `step_begin` / `step_end` return at once. Nothing the profiler does may stop
+training: every failure is caught, warned about once, and listed in `errors`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from torch import nn
 
 from sparselift.errors import UserError
 from sparselift.profiler.access import AccessRecorder, find_sharded_modules, table_metas
+from sparselift.profiler.access_stats import TableStep, access_rows, rank_table_steps
 from sparselift.profiler.gather import gather_to_rank0
 from sparselift.profiler.manifest import ProfileFacts, build_manifest, sharding_of, table_entries
-from sparselift.profiler.stats import TableStep, access_rows, rank_table_steps
 from sparselift.profiler.trace import TraceRecorder, et_name, trace_name
 
 
@@ -70,13 +70,30 @@ def _barrier() -> None:
 
 
 def _peak_memory(device: torch.device) -> int:
-    from sparselift.workloads.harness import peak_memory_bytes
+    from sparselift.workloads.rank import peak_memory_bytes
 
     return peak_memory_bytes(device)
 
 
 class ProfileSession:
-    """Profile steps [warmup, warmup + steps) of the training loop on this rank."""
+    """Profile steps [warmup, warmup + steps) of the training loop on this rank.
+
+    Args:
+        out_dir: the profile directory (created).
+        model: the DMP-sharded model.
+        warmup: steps before the window.
+        steps: profiled steps.
+        execution_trace: also record torch's ExecutionTraceObserver.
+        pipeline: the TorchRec TrainPipeline, if any (its class is recorded).
+        write_files: rank 0 writes access_stats.parquet and manifest.json itself; False: the
+            caller does, from `finish()`.
+        spec_tables: the workload spec's tables by name (their pooling and skew are recorded).
+        command: the command line to record (default: sys.argv).
+        workload: the workload's name to record.
+        device: this rank's device (default: the model's).
+    Raises:
+        UserError: a bad window, or NoShardedEmbeddingError: the model is not DMP-sharded.
+    """
 
     def __init__(
         self,
@@ -95,7 +112,8 @@ class ProfileSession:
     ) -> None:
         if warmup < 0 or steps < 1:
             raise UserError(
-                f"profile window needs warmup >= 0 and steps >= 1, got warmup={warmup} steps={steps}"
+                f"profile window needs warmup >= 0 and steps >= 1, "
+                f"got warmup={warmup} steps={steps}"
             )
         import torch.distributed as dist
 
@@ -128,9 +146,10 @@ class ProfileSession:
             lambda: self.out_dir.mkdir(parents=True, exist_ok=True), f"creating {self.out_dir}"
         )
 
-    # ------------------------------------------------------------------ the protocol the harness calls
+    # ---------------------------------------------------------- the protocol the harness calls
 
     def step_begin(self, step: int) -> None:
+        """Before step `step`: opens the window at its first step (profiler on, capture on)."""
         if self.done:
             return
         if step == self.first:
@@ -142,6 +161,7 @@ class ProfileSession:
         self._t0 = time.perf_counter()  # the step's own time, not starting the profiler
 
     def step_end(self, step: int) -> None:
+        """After step `step`: times it; after the window's last step, closes the window."""
         if self.done:
             return
         in_window = self.first <= step <= self.last
@@ -159,7 +179,12 @@ class ProfileSession:
             self._close()
 
     def finish(self) -> dict[str, Any]:
-        """Close the window if training ended inside it; JSON-able summary (rank 0: rows and facts)."""
+        """Close the window if training ended inside it; a JSON-able summary of this rank.
+
+        Returns:
+            rank, profiled_steps, files, errors; on rank 0 also `rows` (access statistics) and
+            `facts` (the manifest's ProfileFacts as a dict).
+        """
         if not self.done:
             self._close()
         out: dict[str, Any] = dict(
@@ -172,6 +197,7 @@ class ProfileSession:
     # ------------------------------------------------------------------ the user-facing loop API
 
     def __enter__(self) -> ProfileSession:
+        """Begin step 0."""
         self.step_begin(self._next)
         return self
 
@@ -182,6 +208,7 @@ class ProfileSession:
         self.step_begin(self._next)
 
     def __exit__(self, *exc: Any) -> None:
+        """Close the window if it is still open (training ended inside it)."""
         self._t0 = None  # the step begun by the last step() never ran
         if not self.done:
             self._recorder.step = None
@@ -189,10 +216,10 @@ class ProfileSession:
 
     # ------------------------------------------------------------------ inside
 
-    def _guard(self, fn, what: str):
+    def _guard(self, fn: Any, what: str) -> Any:
         try:
             return fn()
-        except Exception as e:  # noqa: BLE001 - the profiler must never stop training
+        except Exception as e:  # the profiler must never stop training
             msg = f"{what}: {type(e).__name__}: {e}"
             if not self.errors:
                 warnings.warn(
@@ -286,12 +313,14 @@ def write_profile(out_dir: Path, rows: list[dict[str, Any]], facts: ProfileFacts
 
 
 class ProfiledPipeline:
-    """A TorchRec TrainPipeline whose `progress` is one profiled step; everything else passes through."""
+    """A TorchRec TrainPipeline whose `progress` is one profiled step; the rest passes through."""
 
     def __init__(self, pipeline: Any, session: ProfileSession) -> None:
+        """Profile `pipeline`'s steps with `session`."""
         self.pipeline, self.session, self._step = pipeline, session, 0
 
     def progress(self, dataloader_iter: Any) -> Any:
+        """One training step of the pipeline, between the session's step_begin and step_end."""
         self.session.step_begin(self._step)
         try:
             return self.pipeline.progress(dataloader_iter)
@@ -300,6 +329,7 @@ class ProfiledPipeline:
             self._step += 1
 
     def __getattr__(self, name: str) -> Any:
+        """Everything else is the pipeline's."""
         return getattr(self.pipeline, name)
 
 

@@ -16,10 +16,12 @@ from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, re
 
 
 def trace_name(rank: int) -> str:
+    """The file name of rank `rank`'s Kineto trace in a profile directory."""
     return f"rank{rank}.trace.json.gz"
 
 
 def et_name(rank: int) -> str:
+    """The file name of rank `rank`'s execution trace in a profile directory."""
     return f"rank{rank}.et.json"
 
 
@@ -29,6 +31,7 @@ class TraceRecorder:
     def __init__(
         self, out_dir: Path, rank: int, device: torch.device, execution_trace: bool = False
     ) -> None:
+        """Set up (not start) the recording of this rank's trace into `out_dir`."""
         self.out_dir, self.rank, self.device = Path(out_dir), rank, device
         self._et_tmp = self.out_dir / f".{et_name(rank)}.{os.getpid()}.tmp"
         self._et: ExecutionTraceObserver | None = None
@@ -44,14 +47,17 @@ class TraceRecorder:
         self.running = False
 
     def start(self) -> None:
+        """Start recording."""
         self._prof.start()
         self.running = True
 
     def step_begin(self, step: int) -> None:
+        """Open the trace's `ProfilerStep#<step>` range."""
         self._step = record_function(f"ProfilerStep#{step}")
         self._step.__enter__()
 
     def step_end(self) -> None:
+        """Close the open step range, if any."""
         if self._step is not None:
             self._step.__exit__(None, None, None)
             self._step = None

@@ -3,12 +3,11 @@
 Why not a log-log line through the rank-frequency plot, or fbgemm's
 `tbe_estimate_indices_distribution`? Both read the sampled frequencies as if they were the true
 ones: with a few lookups per row the tail of the sorted counts is sampling noise, so uniform ids
-look skewed (alpha ≈ 0.2–0.3 for 10 lookups per row) and skewed ids look flatter than they are
-(fbgemm gives 1.04 for a spec of 1.3 and 0.30 for 0.5 at 10–20 k lookups; tests/test_profiler_stats.py
-keeps the comparison). Here the model includes the sampling: row j (popularity rank j of N) is hit
-Poisson(n·p_j) times, p_j ∝ ∫_j^{j+1} x^-alpha dx (the law `SyntheticBatches` draws from), and alpha
-maximizes the likelihood of the observed *count spectrum* — how many rows were hit 0, 1, 2, 3–4,
-5–8, … times — which needs no knowledge of which row is which.
+look skewed and skewed ids look flatter than they are (tests/test_profiler_stats.py keeps the
+comparison with fbgemm's estimate). Here the model includes the sampling: row j (popularity rank
+j of N) is hit Poisson(n·p_j) times, p_j ∝ ∫_j^{j+1} x^-alpha dx (the law `SyntheticBatches` draws
+from), and alpha maximizes the likelihood of the observed *count spectrum* — how many rows were
+hit 0, 1, 2, 3–4, 5–8, … times — which needs no knowledge of which row is which.
 """
 
 from __future__ import annotations

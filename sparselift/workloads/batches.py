@@ -41,7 +41,8 @@ def scatter_ids(ranks: torch.Tensor, rows: int, salt: int) -> torch.Tensor:
 
 
 def sample_lengths(table: TableSpec, batch: int, gen: torch.Generator) -> torch.Tensor:
-    """Ids per sample: exactly `pooling_factor`, or 1 + Poisson(pooling_factor - 1) (mean kept, ≥ 1)."""
+    """Ids per sample of one feature: exactly `pooling_factor` (fixed pooling), or
+    1 + Poisson(pooling_factor - 1) (poisson pooling: mean kept, at least 1)."""
     if table.pooling == "fixed":
         return torch.full((batch,), int(table.pooling_factor), dtype=torch.int64)
     rate = torch.full((batch,), table.pooling_factor - 1.0, dtype=torch.float64)
@@ -50,9 +51,18 @@ def sample_lengths(table: TableSpec, batch: int, gen: torch.Generator) -> torch.
 
 @dataclass
 class SyntheticBatches:
-    """An endless, seeded stream of batches for one rank; the same (seed, rank) gives the same stream."""
+    """An endless, seeded stream of batches for one rank; the same (seed, rank), the same stream.
 
-    spec: WorkloadSpec  # uncapped: ids follow the real cardinalities, then are hashed by max_rows
+    Attributes:
+        spec: the workload, uncapped: ids follow the real cardinalities, then are hashed into
+            `max_rows`.
+        rank: the rank the stream is for (each rank gets its own).
+        seed: the run's seed.
+        max_rows: hash ids into at most this many rows per table; None for the real sizes.
+        batch_size: samples per batch; None: the workload's.
+    """
+
+    spec: WorkloadSpec
     rank: int = 0
     seed: int = 0
     max_rows: int | None = None
@@ -64,10 +74,12 @@ class SyntheticBatches:
         self._b = self.batch_size or self.spec.batch_size
 
     def __iter__(self) -> Iterator[Batch]:
+        """Batches without end (`next_batch` each time)."""
         while True:
             yield self.next_batch()
 
     def next_batch(self) -> Batch:
+        """The next batch: a KJT with every feature in table order, dense features, 0/1 labels."""
         b, g = self._b, self._gen
         values, lengths = [], []
         for ti, t in enumerate(self.spec.tables):

@@ -1,4 +1,4 @@
-"""Start N ranks the way torchrun does (elastic agent, c10d rendezvous on a free port) and fail fast.
+"""Start N ranks the way torchrun does (elastic agent, c10d rendezvous on a free port), fail fast.
 
 The elastic agent watches every rank: when one fails it stops the others within seconds, so a crash
 never turns into a hang, and its error (written by the rank through torchelastic's error file) is
@@ -12,6 +12,7 @@ import os
 import sys
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from sparselift.errors import UserError
 
@@ -21,7 +22,17 @@ class RankFailed(RuntimeError):
 
 
 def launch(nproc: int, module: str, args: Sequence[str], *, monitor_interval: float = 0.1) -> None:
-    """Run `python -m module *args` on `nproc` local ranks; raise RankFailed if any rank fails."""
+    """Run `python -m module *args` on `nproc` local ranks and wait for them.
+
+    Args:
+        nproc: local ranks.
+        module: the module every rank runs.
+        args: its arguments.
+        monitor_interval: how often (s) the elastic agent checks the ranks.
+    Raises:
+        UserError: `nproc` < 1.
+        RankFailed: a rank exited non-zero; the others were stopped.
+    """
     if nproc < 1:
         raise UserError(f"--nproc must be at least 1, got {nproc}")
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -48,7 +59,8 @@ def launch(nproc: int, module: str, args: Sequence[str], *, monitor_interval: fl
         raise RankFailed(_describe(e)) from None
 
 
-def _describe(e) -> str:
+def _describe(e: Any) -> str:
+    """One line per failed rank of a ChildFailedError: its own error's first line, or exit code."""
     parts = []
     for rank, failure in sorted(e.failures.items()):
         msg = failure.message

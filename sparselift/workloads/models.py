@@ -2,10 +2,13 @@
 
 Every builder returns a module whose forward takes a `torchrec.datasets.utils.Batch` and returns
 `(loss, (loss, logits, labels))` — the contract TorchRec's train pipelines expect. Embedding tables
-are created on the `meta` device so that DistributedModelParallel materializes only each rank's shards.
+are created on the `meta` device so that DistributedModelParallel materializes only each rank's
+shards.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,8 +20,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from sparselift.workloads.spec import WorkloadSpec
 
+META = torch.device("meta")
+
 
 def table_configs(spec: WorkloadSpec) -> list[EmbeddingBagConfig]:
+    """TorchRec's EmbeddingBagConfig of every table of `spec`, in table order."""
     return [
         EmbeddingBagConfig(
             name=t.name,
@@ -41,6 +47,7 @@ class ConcatMLP(nn.Module):
         over_arch: list[int],
         dense_device: torch.device | None = None,
     ) -> None:
+        """The model over `ebc`: dense tower `dense_arch`, then `over_arch` (ending in 1 logit)."""
         super().__init__()
         self.embedding_bag_collection = ebc
         self.dense_arch = MLP(dense_in_features, dense_arch, device=dense_device)
@@ -61,6 +68,7 @@ class ConcatMLP(nn.Module):
     def forward(
         self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
     ) -> torch.Tensor:
+        """Logits, one per sample."""
         pooled = self.embedding_bag_collection(sparse_features).values()
         return self.over_arch(torch.cat([self.dense_arch(dense_features), pooled], dim=1))
 
@@ -68,26 +76,36 @@ class ConcatMLP(nn.Module):
 def build_model(
     spec: WorkloadSpec,
     dense_device: torch.device | None = None,
-    embedding_device: torch.device = torch.device("meta"),
+    embedding_device: torch.device = META,
 ) -> DLRMTrain:
-    """The train module (loss + logits) for `spec`; tables on `meta` unless asked (unsharded use)."""
+    """The train module (loss + logits) for `spec`.
+
+    Args:
+        spec: the workload.
+        dense_device: where the dense layers live (None: torch's default device).
+        embedding_device: where the tables live: `meta` (default) for DistributedModelParallel
+            to materialize only each rank's shards; a real device for unsharded use.
+    """
     ebc = EmbeddingBagCollection(tables=table_configs(spec), device=embedding_device)
-    m = spec.model
-    common = dict(
+    arch = spec.model
+    dlrm_args: dict[str, Any] = dict(
         dense_in_features=spec.dense_in_features,
-        dense_arch_layer_sizes=list(m.dense_arch),
-        over_arch_layer_sizes=list(m.over_arch),
+        dense_arch_layer_sizes=list(arch.dense_arch),
+        over_arch_layer_sizes=list(arch.over_arch),
         dense_device=dense_device,
     )
-    if m.arch == "dlrm":
-        core: nn.Module = DLRM(ebc, **common)
-    elif m.arch == "dlrm-dcn":
+    if arch.arch == "dlrm":
+        core: nn.Module = DLRM(ebc, **dlrm_args)
+    elif arch.arch == "dlrm-dcn":
         core = DLRM_DCN(
-            ebc, dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank_dim, **common
+            ebc,
+            dcn_num_layers=arch.dcn_num_layers,
+            dcn_low_rank_dim=arch.dcn_low_rank_dim,
+            **dlrm_args,
         )
     else:
         core = ConcatMLP(
-            ebc, spec.dense_in_features, list(m.dense_arch), list(m.over_arch), dense_device
+            ebc, spec.dense_in_features, list(arch.dense_arch), list(arch.over_arch), dense_device
         )
     # DLRMTrain only needs `model(dense, sparse) -> logits`, which ConcatMLP provides too.
-    return DLRMTrain(core)  # type: ignore[arg-type]
+    return DLRMTrain(core)

@@ -30,6 +30,7 @@ DENSE_LR = 0.01
 
 
 def embedding_modules(model: nn.Module) -> list[EmbeddingBagCollection]:
+    """Every EmbeddingBagCollection in `model`."""
     return [m for m in model.modules() if isinstance(m, EmbeddingBagCollection)]
 
 
@@ -40,7 +41,19 @@ def shard(
     plan: Any = None,
     local_world_size: int | None = None,
 ) -> DistributedModelParallel:
-    """Build `spec`'s model and shard it with `plan` (a sparselift Plan) or TorchRec's planner."""
+    """Build `spec`'s model and shard it over `pg` on `device`.
+
+    Args:
+        spec: the workload as trained (capped).
+        pg: the process group.
+        device: this rank's device.
+        plan: a sparselift Plan; None: TorchRec's planner for the real topology.
+        local_world_size: ranks per host (None: all ranks on one host).
+    Returns:
+        The DistributedModelParallel model, its tables trained by a fused row-wise Adagrad.
+    Raises:
+        PlanError: `plan` does not fit the model, the group or the device.
+    """
     model = build_model(spec, dense_device=device)
     for ebc in embedding_modules(model):
         apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": EMBEDDING_LR})
@@ -73,7 +86,7 @@ def build_optimizer(model: DistributedModelParallel) -> CombinedOptimizer:
 
 def make_pipeline(
     name: str, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
-):
+) -> Any:
     """TorchRec's TrainPipelineBase ("base") or TrainPipelineSparseDist ("sparse-dist")."""
     from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 

@@ -1,26 +1,39 @@
-"""Workload specs: the JSON format of `shared/workloads/README.md` as validated dataclasses.
+"""Workload specs: the JSON format of docs/WORKLOADS.md as validated dataclasses.
 
 A spec describes the sparse side of a model and how it is fed; every stage (harness, profiler,
-optimizer) reads it, so validation happens once, here, with messages that name the file and table.
+optimizer) reads it, so validation happens once, here, with one-line messages that name the file
+and table. Every number is bounded (the limits below): a value no model could have is refused
+here rather than failing inside a later stage.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from sparselift.errors import UserError
+from sparselift.plans.types import MAX_EMBEDDING_DIM, MAX_NUM_EMBEDDINGS
 
 ARCHS = ("dlrm", "dlrm-dcn", "concat-mlp")
 POOLINGS = ("fixed", "poisson")
 
+# Limits of a spec's numbers (docs/WORKLOADS.md says them; `sparselift workloads --format` too).
+MAX_BATCH_SIZE = 2**24  # samples per rank per step
+MAX_FEATURES = 2**16  # dense_in_features, and each layer size of dense_arch / over_arch
+MAX_DCN_LAYERS = 64
+MAX_POOLING_FACTOR = 2**16  # mean ids per sample of one feature
+MAX_ZIPF_ALPHA = 10.0
+
 
 @dataclass(frozen=True)
 class TableSpec:
+    """One embedding table of a workload and how its feature is fed (see docs/WORKLOADS.md)."""
+
     name: str
     num_embeddings: int
     embedding_dim: int
@@ -31,11 +44,14 @@ class TableSpec:
 
     @property
     def features(self) -> tuple[str, ...]:
+        """The features that look this table up: `feature_names`, else the table's name."""
         return self.feature_names or (self.name,)
 
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """The dense side of a workload's model: architecture and layer sizes."""
+
     arch: str
     dense_arch: tuple[int, ...]
     over_arch: tuple[int, ...]
@@ -46,17 +62,25 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
+    """A validated workload: model, tables and batch size; `source` is where it was read from."""
+
     name: str
     batch_size: int
     dense_in_features: int
     model: ModelSpec
     tables: tuple[TableSpec, ...]
     description: str = ""
-    source: str = ""  # where it was read from, for messages
+    source: str = ""
 
     def capped(self, max_rows: int | None) -> WorkloadSpec:
-        """The same workload with every table's rows hashed into at most `max_rows`."""
-        if not max_rows:
+        """The same workload with every table's rows hashed into at most `max_rows`.
+
+        Args:
+            max_rows: the cap; None for none.
+        Raises:
+            UserError: `max_rows` is not positive.
+        """
+        if max_rows is None:
             return self
         if max_rows < 1:
             raise UserError(f"--max-rows must be positive, got {max_rows}")
@@ -79,6 +103,7 @@ class WorkloadSpec:
         ]
 
     def to_dict(self) -> dict[str, Any]:
+        """The spec as a JSON object in the file format; `parse_workload` reads it back."""
         d = dataclasses.asdict(self)
         d.pop("source")
         d["tables"] = list(d["tables"])
@@ -93,6 +118,7 @@ class WorkloadSpec:
 
 
 def builtin_names() -> list[str]:
+    """Names of the workloads shipped with the package (`tiny`, `criteo-kaggle`, …), sorted."""
     return sorted(
         p.name[:-5]
         for p in resources.files(__package__).joinpath("builtin").iterdir()
@@ -101,20 +127,28 @@ def builtin_names() -> list[str]:
 
 
 def load_workload(name_or_path: str | Path) -> WorkloadSpec:
-    """Read a built-in workload by name (`tiny`, `criteo-kaggle`, …) or a spec file by path."""
+    """Read a built-in workload by name (`tiny`, `criteo-kaggle`, …) or a spec file by path.
+
+    Raises:
+        UserError: neither a built-in nor a readable file, malformed JSON, or an invalid spec;
+            the message names the file (and the table).
+    """
     text_path = str(name_or_path)
     if text_path in builtin_names():
         res = resources.files(__package__).joinpath("builtin", f"{text_path}.json")
-        return parse_workload(
-            _load_json(res.read_text(), f"built-in workload {text_path}"), text_path
-        )
+        where = f"built-in workload {text_path}"
+        return parse_workload(_load_json(res.read_text(), where), text_path)
     path = Path(text_path)
     if not path.is_file():
         raise UserError(
             f"unknown workload {text_path!r}: not a file and not a built-in "
             f"(built-ins: {', '.join(builtin_names())})"
         )
-    return parse_workload(_load_json(path.read_text(), str(path)), str(path))
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read the workload spec ({type(e).__name__})") from None
+    return parse_workload(_load_json(text, str(path)), str(path))
 
 
 def _load_json(text: str, where: str) -> Any:
@@ -124,77 +158,109 @@ def _load_json(text: str, where: str) -> Any:
         raise UserError(
             f"{where}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"
         ) from None
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise UserError(f"{where}: unreadable JSON: {str(e).split(';')[0]}") from None
 
 
-def _get(d: dict, key: str, kind: type | tuple, where: str, default: Any = ...) -> Any:
+def _get(d: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """`d[key]`, which must be of `kind` (never a bool); UserError naming `where` otherwise."""
     if key not in d:
-        if default is ...:
-            raise UserError(f"{where}: missing key {key!r}")
-        return default
+        raise UserError(f"{where}: missing key {key!r}")
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, kind):
-        raise UserError(f"{where}: {key!r} must be {_kind_name(kind)}, got {v!r}")
+        raise UserError(f"{where}: {key!r} must be {_kind_name(kind)}, got {_shown(v)}")
     return v
 
 
-def _kind_name(kind: type | tuple) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(
-        {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object"}[
-            k
-        ]
-        for k in kinds
-    )
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    if kind == (int, float):
+        return "a number"
+    names = {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }
+    return " or ".join(names[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
+
+
+def _shown(v: Any) -> str:
+    """A value for a message, short even when it is an integer of hundreds of digits."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        text = f"{v:,}"
+        return text if len(text) <= 40 else f"an integer of {len(str(abs(v)))} digits"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def format_limit(n: int) -> str:
+    """An integer limit for people: "64", "65,536 (2^16)"."""
+    is_power_of_two = n >= 1024 and n & (n - 1) == 0
+    return f"{n:,} (2^{n.bit_length() - 1})" if is_power_of_two else f"{n:,}"
+
+
+def _integer(d: dict[str, Any], key: str, where: str, high: int, default: int | None = None) -> int:
+    """`d[key]` as an integer in 1..high (`default` when absent, if given)."""
+    if key not in d and default is not None:
+        return default
+    v = _get(d, key, int, where)
+    if not 1 <= v <= high:
+        raise UserError(
+            f"{where}: {key} must be an integer in 1..{format_limit(high)}, got {_shown(v)}"
+        )
+    return v
+
+
+def _number(
+    d: dict[str, Any], key: str, where: str, low: float, high: float, default: float
+) -> float:
+    """`d[key]` as a finite number in low..high (`default` when absent)."""
+    if key not in d:
+        return default
+    raw = _get(d, key, (int, float), where)
+    v = float(raw) if -high <= raw <= high else math.inf  # an int too large for a float: inf
+    if not (math.isfinite(v) and low <= v <= high):
+        raise UserError(f"{where}: {key} must be a number in {low:g}..{high:g}, got {_shown(raw)}")
+    return v
+
+
+def _name(d: dict[str, Any], key: str, where: str) -> str:
+    v = _get(d, key, str, where)
+    if not v:
+        raise UserError(f"{where}: {key!r} must be a non-empty string")
+    return v
 
 
 def parse_workload(d: Any, source: str) -> WorkloadSpec:
-    """Validate a decoded spec; every message names `source` and, for tables, the table."""
+    """Validate a decoded spec and build it.
+
+    Args:
+        d: the decoded JSON document.
+        source: where it came from, named at the start of every message.
+    Raises:
+        UserError: the first problem found, naming `source` and, for tables, the table.
+    """
     if not isinstance(d, dict):
         raise UserError(f"{source}: a workload spec must be a JSON object")
-    name = _get(d, "name", str, source)
-    batch_size = _get(d, "batch_size", int, source)
-    if batch_size < 1:
-        raise UserError(f"{source}: batch_size must be positive, got {batch_size}")
-    dense_in = _get(d, "dense_in_features", int, source)
-    if dense_in < 1:
-        raise UserError(f"{source}: dense_in_features must be positive, got {dense_in}")
-    m = _get(d, "model", dict, source)
-    arch = _get(m, "arch", str, f"{source}: model")
-    if arch not in ARCHS:
-        raise UserError(f"{source}: model.arch {arch!r} is not one of {', '.join(ARCHS)}")
-    layers = {}
-    for key in ("dense_arch", "over_arch"):
-        sizes = _get(m, key, list, f"{source}: model")
-        if not sizes or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes
-        ):
-            raise UserError(f"{source}: model.{key} must be a non-empty list of positive integers")
-        layers[key] = tuple(sizes)
-    if layers["over_arch"][-1] != 1:
-        raise UserError(
-            f"{source}: model.over_arch must end in 1 (one logit), got {layers['over_arch'][-1]}"
-        )
-    model = ModelSpec(
-        arch=arch,
-        interaction=_get(
-            m, "interaction", str, f"{source}: model", "dcn" if arch == "dlrm-dcn" else "dot"
-        ),
-        dcn_num_layers=_get(m, "dcn_num_layers", int, f"{source}: model", 3),
-        dcn_low_rank_dim=_get(m, "dcn_low_rank_dim", int, f"{source}: model", 512),
-        **layers,
-    )
+    name = _name(d, "name", source)
+    description = _get(d, "description", str, source) if "description" in d else ""
+    batch_size = _integer(d, "batch_size", source, MAX_BATCH_SIZE)
+    dense_in = _integer(d, "dense_in_features", source, MAX_FEATURES)
+    model = _parse_model(_get(d, "model", dict, source), f"{source}: model")
     raw_tables = _get(d, "tables", list, source)
     if not raw_tables:
         raise UserError(f"{source}: the workload has no tables")
     tables = tuple(_parse_table(t, i, source) for i, t in enumerate(raw_tables))
     _check_unique(tables, source)
-    if arch in ("dlrm", "dlrm-dcn"):
+    if model.arch in ("dlrm", "dlrm-dcn"):
         last = model.dense_arch[-1]
         wrong = [t.name for t in tables if t.embedding_dim != last]
         if wrong:
             raise UserError(
-                f"{source}: {arch} needs every table's embedding_dim equal to dense_arch's last layer "
-                f"({last}); tables {', '.join(wrong)} differ (use arch concat-mlp for mixed dims)"
+                f"{source}: {model.arch} needs every table's embedding_dim equal to dense_arch's "
+                f"last layer ({last}); tables {', '.join(wrong)} differ "
+                f"(use arch concat-mlp for mixed dims)"
             )
     return WorkloadSpec(
         name=name,
@@ -202,8 +268,42 @@ def parse_workload(d: Any, source: str) -> WorkloadSpec:
         dense_in_features=dense_in,
         model=model,
         tables=tables,
-        description=d.get("description", ""),
+        description=description,
         source=source,
+    )
+
+
+def _parse_model(m: dict[str, Any], where: str) -> ModelSpec:
+    source = where.removesuffix(": model")
+    arch = _get(m, "arch", str, where)
+    if arch not in ARCHS:
+        raise UserError(f"{source}: model.arch {arch!r} is not one of {', '.join(ARCHS)}")
+    layers = {}
+    for key in ("dense_arch", "over_arch"):
+        sizes = _get(m, key, list, where)
+        if not sizes or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= MAX_FEATURES for s in sizes
+        ):
+            raise UserError(
+                f"{source}: model.{key} must be a non-empty list of integers in "
+                f"1..{format_limit(MAX_FEATURES)}"
+            )
+        layers[key] = tuple(sizes)
+    if layers["over_arch"][-1] != 1:
+        raise UserError(
+            f"{source}: model.over_arch must end in 1 (one logit), got {layers['over_arch'][-1]}"
+        )
+    interaction = (
+        _get(m, "interaction", str, where)
+        if "interaction" in m
+        else ("dcn" if arch == "dlrm-dcn" else "dot")
+    )
+    return ModelSpec(
+        arch=arch,
+        interaction=interaction,
+        dcn_num_layers=_integer(m, "dcn_num_layers", where, MAX_DCN_LAYERS, 3),
+        dcn_low_rank_dim=_integer(m, "dcn_low_rank_dim", where, MAX_FEATURES, 512),
+        **layers,
     )
 
 
@@ -211,26 +311,18 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
     where = f"{source}: table #{i}"
     if not isinstance(t, dict):
         raise UserError(f"{where} must be an object")
-    name = _get(t, "name", str, where)
+    name = _name(t, "name", where)
     where = f"{source}: table {name!r}"
-    rows = _get(t, "num_embeddings", int, where)
-    dim = _get(t, "embedding_dim", int, where)
-    if rows < 1:
-        raise UserError(f"{where}: num_embeddings must be positive, got {rows}")
-    if dim < 1:
-        raise UserError(f"{where}: embedding_dim must be positive, got {dim}")
-    pf = float(_get(t, "pooling_factor", (int, float), where, 1.0))
-    if pf < 1:
-        raise UserError(f"{where}: pooling_factor must be at least 1, got {pf}")
-    pooling = _get(t, "pooling", str, where, "fixed")
+    rows = _integer(t, "num_embeddings", where, MAX_NUM_EMBEDDINGS)
+    dim = _integer(t, "embedding_dim", where, MAX_EMBEDDING_DIM)
+    pf = _number(t, "pooling_factor", where, 1.0, MAX_POOLING_FACTOR, 1.0)
+    pooling = _get(t, "pooling", str, where) if "pooling" in t else "fixed"
     if pooling not in POOLINGS:
         raise UserError(f"{where}: pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
     if pooling == "fixed" and pf != int(pf):
         raise UserError(f"{where}: fixed pooling needs an integer pooling_factor, got {pf}")
-    alpha = float(_get(t, "zipf_alpha", (int, float), where, 0.0))
-    if alpha < 0:
-        raise UserError(f"{where}: zipf_alpha must be >= 0, got {alpha}")
-    features = tuple(_get(t, "feature_names", list, where, []))
+    alpha = _number(t, "zipf_alpha", where, 0.0, MAX_ZIPF_ALPHA, 0.0)
+    features = tuple(_get(t, "feature_names", list, where) if "feature_names" in t else [])
     if not all(isinstance(f, str) and f for f in features):
         raise UserError(f"{where}: feature_names must be a list of non-empty strings")
     return TableSpec(

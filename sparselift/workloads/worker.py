@@ -34,9 +34,14 @@ def quiet_library_noise() -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Train this rank of the run in CONFIG (a TrainConfig as JSON).
+
+    argv is [CONFIG, RESULT_DIR]; the RankResult goes to RESULT_DIR/rank<R>.json.
+    """
     cfg_path, out_dir = argv
     quiet_library_noise()
-    from sparselift.workloads.harness import TrainConfig, train_rank
+    from sparselift.workloads.harness import TrainConfig
+    from sparselift.workloads.rank import train_rank
 
     cfg = TrainConfig(**json.loads(Path(cfg_path).read_text()))
     result = train_rank(cfg)
@@ -48,7 +53,7 @@ if __name__ == "__main__":
     code = 0
     try:
         code = main(sys.argv[1:])
-    except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher
+    except BaseException as e:  # every failure must reach the launcher
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
         traceback.print_exc()
@@ -60,7 +65,7 @@ if __name__ == "__main__":
 
             if code == 0 and dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:  # noqa: BLE001
+        except Exception:  # best effort: the exit code already says what the run did
             pass
         sys.stdout.flush()
         sys.stderr.flush()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -87,6 +87,17 @@ def table_step_from_tensors(
     lengths: torch.Tensor,
     itemsize: int = 8,
 ) -> TableStep:
+    """Statistics of one table's ids (`values`) and ids per bag (`lengths`) in one step.
+
+    Args:
+        table: the table's name.
+        rank: the rank that saw them.
+        step: the training step.
+        batch_size: samples in the rank's batch.
+        values: every id looked up, in any integer dtype.
+        lengths: ids per bag (sample × feature).
+        itemsize: bytes per id as sent (the KJT's dtype).
+    """
     uniq, counts = torch.unique(values.to(torch.int64), return_counts=True)
     if lengths.numel():
         q = torch.quantile(
@@ -136,7 +147,7 @@ def rank_table_steps(
 
 
 def _merge(a: TableStep, b: TableStep) -> TableStep:
-    """Two KJTs of one table in one step (several micro-batches): sum counts; pooling is ids-weighted."""
+    """Two KJTs of one table in one step (micro-batches): counts summed, pooling ids-weighted."""
     uniq, counts = merge_histograms([(a.uniq, a.counts), (b.uniq, b.counts)])
     bags_a = a.ids / a.pooling_mean if a.pooling_mean else 0
     bags_b = b.ids / b.pooling_mean if b.pooling_mean else 0
@@ -158,19 +169,23 @@ def _merge(a: TableStep, b: TableStep) -> TableStep:
     )
 
 
-def merge_histograms(
-    hists: Iterable[tuple[torch.Tensor, torch.Tensor]],
-) -> tuple[torch.Tensor, torch.Tensor]:
+class IdHistogram(NamedTuple):
+    """How often each id was looked up: sorted unique ids and their counts."""
+
+    ids: torch.Tensor
+    counts: torch.Tensor
+
+
+def merge_histograms(hists: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> IdHistogram:
     """Sum (unique ids, counts) histograms into one."""
     hists = list(hists)
     if not hists:
-        return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+        return IdHistogram(torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64))
     ids = torch.cat([h[0] for h in hists])
     cnt = torch.cat([h[1] for h in hists])
     uniq, inv = torch.unique(ids, return_inverse=True)
-    return uniq, torch.zeros(uniq.numel(), dtype=torch.int64).index_add_(
-        0, inv, cnt.to(torch.int64)
-    )
+    counts = torch.zeros(uniq.numel(), dtype=torch.int64).index_add_(0, inv, cnt.to(torch.int64))
+    return IdHistogram(uniq, counts)
 
 
 def hot_rows(
@@ -183,15 +198,25 @@ def hot_rows(
 
 
 def hit_share(step: TableStep, hot: torch.Tensor) -> float:
+    """The share of `step`'s lookups that hit the ids in `hot` (0 for a step without lookups)."""
     if step.ids == 0:
         return 0.0
     return float(step.counts[torch.isin(step.uniq, hot)].sum()) / step.ids
 
 
-def access_rows(
-    tables: list[TableMeta], steps: list[TableStep]
-) -> tuple[list[dict[str, Any]], dict[str, float | None]]:
-    """Rank 0: rows of access_stats.parquet (COLUMNS order) and the fitted Zipf exponent per table."""
+class AccessStats(NamedTuple):
+    """What rank 0 makes of every rank's TableSteps."""
+
+    rows: list[dict[str, Any]]  # rows of access_stats.parquet, keys in COLUMNS order
+    zipf_alphas: dict[str, float | None]  # fitted per table; None where the fit is undefined
+
+
+def access_rows(tables: list[TableMeta], steps: list[TableStep]) -> AccessStats:
+    """Rank 0: the rows of access_stats.parquet and the fitted Zipf exponent of each table.
+
+    A table's hot rows (top 1 % / 10 %) and exponent come from all its steps on all ranks
+    together; each row's top shares are the share of that step's lookups hitting them.
+    """
     meta = {t.name: t for t in tables}
     by_table: dict[str, list[TableStep]] = {}
     for s in steps:
@@ -226,4 +251,4 @@ def access_rows(
                 )
             )
     rows.sort(key=lambda r: (r["table"], r["rank"], r["step"]))
-    return rows, alphas
+    return AccessStats(rows, alphas)

@@ -1,0 +1,194 @@
+"""What each rank of a run does: build, shard, train and time the workload (`train_rank`).
+
+Runs inside a launched rank (`worker.py`), with the torch.distributed environment set. A hook
+(`TrainConfig.hook`) sees a `RankContext` and is called around every step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import os
+import resource
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sparselift.workloads.harness import RankResult, TrainConfig
+from sparselift.workloads.spec import WorkloadSpec, load_workload
+
+AHEAD_BYTES = 1 << 30  # at most this much of a run's batches is made before its first step
+PIPELINE_DEPTH = 2  # batches a train pipeline takes beyond the one it steps on
+
+
+@dataclass
+class RankContext:
+    """What a hook sees on its rank once the model is sharded and the pipeline built."""
+
+    cfg: TrainConfig
+    spec: WorkloadSpec  # capped by max_rows: the tables as trained
+    rank: int
+    world_size: int
+    local_world_size: int
+    device: Any  # torch.device
+    backend: str
+    model: Any  # DistributedModelParallel
+    pipeline: Any  # a TorchRec TrainPipeline
+    plan: Any  # sparselift.plans.Plan or None
+
+
+class StepHook(Protocol):
+    """What a hook factory returns: called around every step, then once at the end."""
+
+    def step_begin(self, step: int) -> None:
+        """Before step `step` (0-based, warm-up included)."""
+
+    def step_end(self, step: int) -> None:
+        """After step `step` has finished (CUDA synchronized)."""
+
+    def finish(self) -> dict[str, Any]:
+        """After the last step; a JSON-able dict that becomes `RankResult.extra`."""
+        ...
+
+
+def load_hook(cfg: TrainConfig, ctx: RankContext) -> StepHook | None:
+    """The hook of a run: `cfg.hook` ("module:factory") called with `ctx` and `cfg.hook_args`.
+
+    Returns None when the run has no hook.
+    """
+    if not cfg.hook:
+        return None
+    module, _, name = cfg.hook.partition(":")
+    return getattr(importlib.import_module(module), name)(ctx, **cfg.hook_args)
+
+
+def peak_memory_bytes(device: Any) -> int:
+    """Peak device memory on CUDA; peak resident set size of the process on CPU."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def batches_for_rank(
+    cfg: TrainConfig, spec: WorkloadSpec, rank: int, world_size: int
+) -> Iterator[Any]:
+    """The endless batch stream of `rank`: Criteo day files if `cfg.data`, else synthetic.
+
+    Args:
+        cfg: the run (data directory, batch size, seed, max_rows).
+        spec: the workload, uncapped (synthetic ids follow the real sizes, then are hashed).
+        rank: this rank.
+        world_size: ranks (Criteo days are split among them).
+    """
+    if cfg.data:
+        from sparselift.workloads.criteo import criteo_batches
+
+        return criteo_batches(
+            cfg.data,
+            cfg.batch_size or spec.batch_size,
+            rank,
+            world_size,
+            [t.num_embeddings for t in spec.capped(cfg.max_rows).tables],
+        )
+    from sparselift.workloads.batches import SyntheticBatches
+
+    return iter(
+        SyntheticBatches(
+            spec, rank=rank, seed=cfg.seed, max_rows=cfg.max_rows, batch_size=cfg.batch_size
+        )
+    )
+
+
+def made_ahead(batches: Iterator[Any], n: int, budget: int = AHEAD_BYTES) -> Iterator[Any]:
+    """The stream, its first `n` batches made now, before the timed loop.
+
+    TorchRec's own benchmarks do the same: a trainer's data loader runs beside the step, so a step
+    should time training, not the synthesis (or file reading) of its batch. Past `budget` bytes
+    the rest of the stream comes as needed.
+    """
+    first, size = [], 0
+    for b in itertools.islice(batches, n):
+        first.append(b)
+        kjt = b.sparse_features
+        size += sum(t.nbytes for t in (kjt.values(), kjt.lengths(), b.dense_features, b.labels))
+        if size >= budget:
+            break
+    return itertools.chain(first, batches)
+
+
+def train_rank(cfg: TrainConfig) -> RankResult:
+    """One rank of the job: build, shard, train, time. Needs the torch.distributed env variables."""
+    import torch
+    import torch.distributed as dist
+
+    from sparselift.workloads.sharding import build_optimizer, make_pipeline, shard
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    backend = "nccl" if use_cuda else "gloo"
+    dist.init_process_group(backend=backend)
+    torch.manual_seed(cfg.seed)
+
+    spec = load_workload(cfg.workload)
+    trained = spec.capped(cfg.max_rows)
+    plan = None
+    if cfg.plan:
+        from sparselift import plans
+
+        plan = plans.load(cfg.plan)
+    model = shard(trained, dist.GroupMember.WORLD, device, plan=plan, local_world_size=local_world)
+    optimizer = build_optimizer(model)
+    pipeline_name = cfg.pipeline or (plan.pipeline if plan is not None else "base")
+    pipeline = make_pipeline(pipeline_name, model, optimizer, device)
+    ctx = RankContext(
+        cfg=cfg,
+        spec=trained,
+        rank=rank,
+        world_size=world,
+        local_world_size=local_world,
+        device=device,
+        backend=backend,
+        model=model,
+        pipeline=pipeline,
+        plan=plan,
+    )
+    hook = load_hook(cfg, ctx)
+    total = cfg.warmup + cfg.steps
+    batches = made_ahead(batches_for_rank(cfg, spec, rank, world), total + PIPELINE_DEPTH)
+
+    times = []
+    every = max(1, total // 10)
+    for step in range(total):
+        if hook:
+            hook.step_begin(step)
+        t0 = time.perf_counter()
+        pipeline.progress(batches)
+        if use_cuda:
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        if hook:
+            hook.step_end(step)
+        if cfg.progress and rank == 0 and ((step + 1) % every == 0 or step + 1 == total):
+            phase = "warm-up" if step < cfg.warmup else "measured"
+            print(f"  step {step + 1}/{total} ({phase}) {times[-1] * 1e3:.1f} ms", flush=True)
+    extra = hook.finish() if hook else {}
+    dist.barrier()
+    return RankResult(
+        rank=rank,
+        step_times_s=times,
+        peak_memory_bytes=peak_memory_bytes(device),
+        pipeline=pipeline_name,
+        device=device.type,
+        backend=backend,
+        extra=extra,
+    )
