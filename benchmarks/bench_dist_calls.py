@@ -1,4 +1,5 @@
-"""What one TorchRec distribution call costs between 2 gloo ranks: the source of `kernels.CPU_CALL_S`.
+"""What one TorchRec distribution call costs between 2 gloo ranks (the source of
+`kernels.CPU_CALL_S`).
 
 A profile sees about one size per distribution call, so it cannot tell a call's fixed cost from its
 per-byte cost by itself; the calibration takes the fixed cost measured here. Times KJTAllToAll
@@ -17,6 +18,7 @@ import os
 import socket
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,7 +63,7 @@ def _rank(rank: int, world: int, port: int, reps: int) -> None:
         )
         a2a = KJTAllToAll(pg, splits=[features // world] * world)
 
-        def input_dist():
+        def input_dist(a2a: Any = a2a, kjt: Any = kjt) -> None:
             out = a2a(kjt)
             while hasattr(out, "wait"):
                 out = out.wait()
@@ -77,9 +79,11 @@ def _rank(rank: int, world: int, port: int, reps: int) -> None:
             pg, dim_sum_per_rank=[dim // world] * world, codecs=fp16
         )
         emb = torch.randn(BATCH * world, dim // world, requires_grad=True)
-        fwd = _median_s(lambda: pooled(emb).wait(), reps)
-        both = _median_s(lambda: pooled(emb).wait().sum().backward(), reps)
-        both16 = _median_s(lambda: pooled16(emb).wait().sum().backward(), reps)
+        fwd = _median_s(lambda pooled=pooled, emb=emb: pooled(emb).wait(), reps)
+        both = _median_s(lambda pooled=pooled, emb=emb: pooled(emb).wait().sum().backward(), reps)
+        both16 = _median_s(
+            lambda pooled16=pooled16, emb=emb: pooled16(emb).wait().sum().backward(), reps
+        )
         sent = BATCH * dim // world * 4 * (world - 1)
         rows["output_dist_fwd"].append((sent, fwd))
         rows["output_dist_bwd"].append((sent, max(both - fwd, 0.0)))

@@ -1,9 +1,11 @@
-"""What FBGEMM's CPU lookup costs per pooled output element: the source of `kernels.CPU_BAG_WEIGHT`.
+"""What FBGEMM's CPU lookup costs per pooled output element (the source of
+`kernels.CPU_BAG_WEIGHT`).
 
 The same ids (32 k drawn from 100 k rows) are pooled into 256 to 16 k bags at dims 32, 64 and 128,
-through one fused EXACT_ROWWISE_ADAGRAD table on one thread (as a rank runs); forward and backward
-are timed apart (median of 20) and a line through bags·dim gives the cost per output element. Row-wise
-sharding writes every rank's bags on every rank, so this term is what makes it dearer per id.
+through one fused EXACT_ROWWISE_ADAGRAD table on one thread (as a rank runs); forward and
+backward are timed apart (median of 20) and a line through bags·dim gives the cost per output
+element. Row-wise sharding writes every rank's bags on every rank, so this term is what makes it
+dearer per id.
 
     .venv/bin/python benchmarks/bench_lookup_kernel.py [--quick]
 """

@@ -2,8 +2,9 @@
 
 Synthetic DLRM-like workloads of 100–1,000 tables on h100x8 hosts at 8, 64 and 128 ranks. Both
 plans are scored by the same referee (enumerate → copy the matching ShardingOption → set the plan's
-shards → EmbeddingPerfEstimator → NoopPerfModel.rate). TorchRec's planner runs under a hard timeout
-(it needs minutes at 500+ tables); a timeout is reported, and SparseLift then plans without a warm start.
+shards → EmbeddingPerfEstimator → NoopPerfModel.rate). TorchRec's planner runs under a hard
+timeout (it needs minutes at 500+ tables); a timeout is reported, and SparseLift then plans
+without a warm start.
 
 Each plan is scored as it runs, its collectives at the precision it sets (TorchRec's estimator reads
 the qcomm codecs): TorchRec's planner leaves them fp32; SparseLift picks fp16 / bf16 where the bytes
@@ -16,7 +17,7 @@ saved pay for the conversion (across hosts).
   of the max over ranks: every part ends in a collective all ranks wait for), the objective
   SparseLift minimizes. Where it and `ratio` disagree, the plans differ in objective, not in costs.
 
-    .venv/bin/python benchmarks/bench_optimizer_estimator.py            # full size (the lead runs it)
+    .venv/bin/python benchmarks/bench_optimizer_estimator.py            # full size (slow)
     .venv/bin/python benchmarks/bench_optimizer_estimator.py --quick    # 20 tables at 8/16 ranks
     .venv/bin/python benchmarks/bench_optimizer_estimator.py --tables 250 --ranks 64 --explain
 
@@ -35,17 +36,15 @@ import time
 
 import pandas as pd
 
+from sparselift import plans
 from sparselift.optimizer.calibration import coefficients
 from sparselift.optimizer.cost_model import PHASES, CostModel
 from sparselift.optimizer.optimize import Inputs, optimize
 from sparselift.optimizer.space import TW, OptionClass
 from sparselift.optimizer.synthetic import synthetic_stats
 from sparselift.optimizer.topology import Topology, preset
-from sparselift.optimizer.torchrec_baseline import (
-    table_estimates,
-    torchrec_cost,
-    torchrec_plan_timed,
-)
+from sparselift.optimizer.torchrec_baseline import torchrec_plan_timed
+from sparselift.optimizer.torchrec_referee import table_estimates, torchrec_cost
 
 # TorchRec's perf part ↔ SparseLift's phase, for a table-wise shard
 PAIRS = {
@@ -61,7 +60,7 @@ def explain(stats: list, topo: Topology, batch_size: int) -> None:
     model = CostModel(topo, batch_size, coefficients(topo))
     rows = []
     for s in stats:
-        own = dict(zip(PHASES, model.terms(s, OptionClass(TW, "fused")).own))
+        own = dict(zip(PHASES, model.terms(s, OptionClass(TW, "fused")).own, strict=False))
         rows.append(
             {
                 "width": s.embedding_dim,
@@ -101,7 +100,8 @@ def main() -> None:
         args.tables, args.ranks, args.torchrec_timeout, args.time_limit = [20], [8, 16], 120.0, 10.0
     rows = []
     header = (
-        f"{'tables':>6s} {'ranks':>5s} {'torchrec s':>10s} {'ours s':>7s} {'TR est (TR plan)':>17s} "
+        f"{'tables':>6s} {'ranks':>5s} {'torchrec s':>10s} {'ours s':>7s} "
+        f"{'TR est (TR plan)':>17s} "
         f"{'TR est (ours)':>14s} {'ratio':>7s} {'same prec.':>10s} {'sync ratio':>10s}"
     )
     if not args.explain:
@@ -124,11 +124,9 @@ def main() -> None:
             )
             ours_s = time.perf_counter() - t0
             plans_ = [res.plan]
-            if (
-                base is not None
-            ):  # TorchRec's plan as it runs, and given SparseLift's comm precision
+            if base is not None:  # TorchRec's plan as it runs, and at SparseLift's comm precision
                 cp = res.plan.comm_precision
-                same_plan = dataclasses.replace(base, comm_precision=cp)
+                same_plan: plans.Plan | None = dataclasses.replace(base, comm_precision=cp)
                 if args.replan and cp != base.comm_precision:
                     same_plan, _, replan_status = torchrec_plan_timed(
                         stats, topo, args.batch_size, args.torchrec_timeout, comm_precision=cp
@@ -159,9 +157,13 @@ def main() -> None:
                     torchrec_pred_s=res.baseline_cost.step_time_s if res.baseline_cost else None,
                 )
             )
-            fmt = lambda x, f: format(x, f) if x is not None else status  # noqa: E731
+
+            def fmt(x: float | None, f: str, status: str = status) -> str:
+                return format(x, f) if x is not None else status
+
             print(
-                f"{n:6d} {w:5d} {tr_s:10.1f} {ours_s:7.1f} {fmt(tr_cost, '17.3f')} {ours_cost:14.3f} "
+                f"{n:6d} {w:5d} {tr_s:10.1f} {ours_s:7.1f} {fmt(tr_cost, '17.3f')} "
+                f"{ours_cost:14.3f} "
                 f"{fmt(ratio, '7.3f')} {fmt(same, '10.3f')} {fmt(sync, '10.3f')}",
                 flush=True,
             )

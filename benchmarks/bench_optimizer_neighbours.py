@@ -2,15 +2,15 @@
 
 Profile → analyze → `optimize --profile` on one workload at N ranks, then build the plan's
 neighbours: the other train pipeline, the other comm precision (16-bit ↔ fp32), and for
-each sharding type in the plan its heaviest table moved to the option the cost model likes best after
-the current one. All are measured in one interleaved `sparselift bench` run. For each neighbour it
-prints the predicted slowdown (its modelled step ÷ ours) next to the measured one (ours steps/s ÷
-its steps/s, median of rounds, and the range of each round's own ratio): above 1.0 on both sides
-means the optimizer was right not to pick it, and the two columns agreeing is the cost model's
-check on the decisions the plan actually made (e.g. on CPU/gloo, whether fp16 qcomm or the
-sparse-dist pipeline pays).
+each sharding type in the plan its heaviest table moved to the option the cost model likes best
+after the current one. All are measured in one interleaved `sparselift bench` run. For each
+neighbour it prints the predicted slowdown (its modelled step ÷ ours) next to the measured one
+(ours steps/s ÷ its steps/s, median of rounds, and the range of each round's own ratio): above
+1.0 on both sides means the optimizer was right not to pick it, and the two columns agreeing is
+the cost model's check on the decisions the plan actually made (e.g. on CPU/gloo, whether fp16
+qcomm or the sparse-dist pipeline pays).
 
-    .venv/bin/python benchmarks/bench_optimizer_neighbours.py                      # multihot-26, the lead
+    .venv/bin/python benchmarks/bench_optimizer_neighbours.py                      # multihot-26
     .venv/bin/python benchmarks/bench_optimizer_neighbours.py --quick              # tiny, few steps
 """
 
@@ -30,7 +30,7 @@ from sparselift.optimizer.calibration import coefficients, load_calibration
 from sparselift.optimizer.cost_model import PHASES, CostModel
 from sparselift.optimizer.planio import choices_from_plan, to_plan
 from sparselift.optimizer.space import Choice, enumerate_classes
-from sparselift.optimizer.stats import TableStats, stats_from_profile
+from sparselift.optimizer.table_stats import TableStats, stats_from_profile
 from sparselift.optimizer.topology import Topology, profiled_topology
 from sparselift.workloads.harness import TrainConfig
 
@@ -132,19 +132,22 @@ def main() -> None:
 
     first = result.contenders[0]
     print(
-        f"{args.workload} (max rows {args.max_rows:,}), {args.nproc} ranks, {args.rounds} interleaved rounds × "
-        f"{args.steps} steps; SparseLift's plan: {first.median:.2f} steps/s, predicted {ours_s * 1e3:.1f} ms"
+        f"{args.workload} (max rows {args.max_rows:,}), {args.nproc} ranks, "
+        f"{args.rounds} interleaved rounds × {args.steps} steps; SparseLift's plan: "
+        f"{first.median:.2f} steps/s, predicted {ours_s * 1e3:.1f} ms"
     )
     w = max(len(c.label) for c in result.contenders)
     print(
-        f"  {'neighbour (one decision changed)':{w}s} {'pred. ×':>8s} {'meas. ×':>8s} {'by round':>15s}  agree"
+        f"  {'neighbour (one decision changed)':{w}s} {'pred. ×':>8s} {'meas. ×':>8s} "
+        f"{'by round':>15s}  agree"
     )
     for c in result.contenders[1:]:
-        by_round = [a / b for a, b in zip(first.steps_per_s, c.steps_per_s)]
+        by_round = [a / b for a, b in zip(first.steps_per_s, c.steps_per_s, strict=True)]
         meas = first.median / c.median
         agree = "yes" if (predicted[c.label] > 1) == (meas > 1) else "no"
         print(
-            f"  {c.label:{w}s} {predicted[c.label]:8.3f} {meas:8.3f} {min(by_round):7.3f} – {max(by_round):.3f}"
+            f"  {c.label:{w}s} {predicted[c.label]:8.3f} {meas:8.3f} "
+            f"{min(by_round):7.3f} – {max(by_round):.3f}"
             f"  {agree}"
         )
     print("  (× = the neighbour's step ÷ SparseLift's: above 1.0, SparseLift's plan is the faster)")

@@ -1,4 +1,4 @@
-"""Measured: `sparselift bench` steps/s of SparseLift's plan vs TorchRec's plan vs round-robin table-wise.
+"""Measured: `sparselift bench` steps/s of SparseLift's plan vs TorchRec's vs round-robin.
 
 Per workload (tiny, multihot-26, criteo-kaggle; capped by --max-rows) at 2 ranks: plan with
 `sparselift optimize` (from a profile + calibration when --from-profile, else from the workload
@@ -27,7 +27,7 @@ from cli_steps import plan_from_profile, sh
 
 from sparselift import plans
 from sparselift.optimizer.planio import fingerprints
-from sparselift.optimizer.stats import stats_from_spec
+from sparselift.optimizer.table_stats import stats_from_spec
 from sparselift.workloads.spec import load_workload
 
 
@@ -111,7 +111,10 @@ def main() -> None:
             tri = by[informed.name]["median"]
             rrv = next(v for k, v in by.items() if "round-robin" in k)["median"]
             # rounds are interleaved, so a round's ratio pairs runs under the same host state
-            paired = [a / b for a, b in zip(ours_c["steps_per_s"], by["torchrec"]["steps_per_s"])]
+            paired = [
+                a / b
+                for a, b in zip(ours_c["steps_per_s"], by["torchrec"]["steps_per_s"], strict=True)
+            ]
             summary.append(
                 dict(
                     workload=wl,
@@ -126,16 +129,19 @@ def main() -> None:
                 )
             )
     print(
-        f"\n{'workload':14s} {'SparseLift':>11s} {'TorchRec':>9s} {'TR+stats':>9s} {'round-robin':>11s} "
-        f"{'×TorchRec':>10s} {'×TR+stats':>10s} {'×round-robin':>12s} {'×TorchRec by round: median (range)':>35s}"
+        f"\n{'workload':14s} {'SparseLift':>11s} {'TorchRec':>9s} {'TR+stats':>9s} "
+        f"{'round-robin':>11s} {'×TorchRec':>10s} {'×TR+stats':>10s} {'×round-robin':>12s} "
+        f"{'×TorchRec by round: median (range)':>35s}"
         f"   (steps/s, {args.nproc} ranks)"
     )
     for s in summary:
         r = s["vs_torchrec_by_round"]
         print(
-            f"{s['workload']:14s} {s['sparselift']:11.2f} {s['torchrec']:9.2f} {s['torchrec_informed']:9.2f} "
+            f"{s['workload']:14s} {s['sparselift']:11.2f} {s['torchrec']:9.2f} "
+            f"{s['torchrec_informed']:9.2f} "
             f"{s['round_robin']:11.2f} {s['vs_torchrec']:10.3f} {s['vs_torchrec_informed']:10.3f} "
-            f"{s['vs_round_robin']:12.3f} {statistics.median(r):16.3f} ({min(r):.3f} – {max(r):.3f})"
+            f"{s['vs_round_robin']:12.3f} {statistics.median(r):16.3f} "
+            f"({min(r):.3f} – {max(r):.3f})"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))

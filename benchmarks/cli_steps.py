@@ -28,8 +28,9 @@ def plan_from_profile(
     baseline_out: Path | None = None,
     log: TextIO | None = None,
 ) -> None:
-    """profile → analyze → `optimize --profile`: the plan SparseLift makes for this job, written to `plan`
-    (and TorchRec's plan for the same inputs to `baseline_out`); the profile stays in `out`."""
+    """profile → analyze → `optimize --profile`: the plan SparseLift makes for this job, written
+    to `plan` (and TorchRec's plan for the same inputs to `baseline_out`); the profile stays in
+    `out`."""
     sh(
         "profile",
         "--workload",

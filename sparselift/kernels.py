@@ -2,20 +2,15 @@
 
 On GPUs a table-batched lookup moves elements through memory: it reads the ids (8 bytes, two
 elements each), gathers `ids·dim` (a row occupies 32 lanes at least) and writes `bags·dim` pooled
-outputs, so their sum is its unit, scaled up for rows narrower than a warp's pass. FBGEMM's
-CPU kernels behave differently; measured on this project's CPU machines (one thread, fused
-EXACT_ROWWISE_ADAGRAD, dims 16 and 64, 300–33 k unique rows, 1 k–100 k ids; fits within 9 % (bwd)
-and 25 % (fwd)):
+outputs, so their sum is its unit, scaled up for rows narrower than a warp's pass.
 
-    forward  ≈ 0.19 ms + 3.2 ns · ids + 16 ns · unique rows
-    backward ≈ 0.11 ms + 11 ns · ids + 450 ns · unique rows      (dim changes neither)
-
-plus 0.72 ns forward and 0.65 ns backward per pooled output element, bags × dim
-(benchmarks/bench_lookup_kernel.py). So the backward, which dominates, is paid per *distinct row
-touched*: a table served to every rank (table-wise, column-wise) pays for the unique rows of all
-ranks' ids, column-wise shards each pay it again, and row-wise shards split it — but write every
-rank's bags on every rank. The CPU unit is therefore `ids + κ · unique + μ · bags · dim`, κ and μ
-the ratios above; the calibration fits seconds per unit from the profile's own traces.
+FBGEMM's CPU kernels behave differently: their time grows with the ids, with the *distinct rows
+touched* and with the pooled outputs written, and the backward (which dominates) is paid mostly
+per distinct row. So a table served to every rank (table-wise, column-wise) pays for the unique
+rows of all ranks' ids, column-wise shards each pay it again, and row-wise shards split it but
+write every rank's bags on every rank. The CPU unit is therefore `ids + κ · unique + μ · bags ·
+dim`, κ and μ the measured ratios below (`benchmarks/bench_lookup_kernel.py` measures them); the
+calibration fits seconds per unit from the profile's own traces.
 """
 
 from __future__ import annotations
@@ -27,17 +22,15 @@ import numpy as np
 
 ID_BYTES, LENGTH_BYTES, FLOAT_BYTES = 8, 4, 4  # an id, a bag length, an embedding element
 
-CPU_UNIQUE_WEIGHT = {"lookup_fwd": 5.0, "lookup_bwd": 41.0}  # κ: one unique row costs κ ids
-CPU_BAG_WEIGHT = {
-    "lookup_fwd": 0.22,
-    "lookup_bwd": 0.06,
-}  # μ: one pooled output element costs μ ids
+# κ: one distinct row costs κ ids; μ: one pooled output element costs μ ids (FBGEMM, one CPU thread)
+CPU_UNIQUE_WEIGHT = {"lookup_fwd": 5.0, "lookup_bwd": 41.0}
+CPU_BAG_WEIGHT = {"lookup_fwd": 0.22, "lookup_bwd": 0.06}
 
 # Fixed cost of one call on a CPU rank, measured on its own: a profile sees about one size per call
-# and cannot tell a call's fixed cost from its size by itself. Lookups: the kernel fits above.
-# Distributions: TorchRec's KJTAllToAll (input_dist) and PooledEmbeddingsAllToAll (output_dist,
-# forward and backward) between 2 gloo ranks, 3 KB–2 MB, median of 25 calls
-# (benchmarks/bench_dist_calls.py): 0.85 ms + 1.8 ns/B, 0.34 ms + 1.6 ns/B, 0.50 ms + 2.2 ns/B.
+# and cannot tell a call's fixed cost from its size by itself. Lookups: FBGEMM's CPU kernel
+# (benchmarks/bench_lookup_kernel.py); distributions: TorchRec's KJTAllToAll (input_dist) and
+# PooledEmbeddingsAllToAll (output_dist, forward and backward) between gloo ranks
+# (benchmarks/bench_dist_calls.py).
 CPU_CALL_S = {
     "lookup_fwd": 1.9e-4,
     "lookup_bwd": 1.1e-4,
@@ -49,26 +42,41 @@ CPU_DIST_B_S = 2e-9  # seconds per byte of a distribution call, host work and wi
 
 
 def gpu_row_penalty(dim: float) -> float:
-    """A TBE warp moves 128 elements of a row per pass; narrower rows leave part of it idle. The
-    factors are TorchRec's empirical HALF_BLOCK and QUARTER_BLOCK penalties, the best public measure
-    until a GPU profile calibrates the lookup (it fits seconds per unit, so only their ratio matters)."""
+    """How much more a GPU lookup costs per element for rows of `dim` than for rows ≥ 128 wide.
+
+    A TBE warp moves 128 elements of a row per pass; narrower rows leave part of it idle. The
+    factors are TorchRec's empirical HALF_BLOCK and QUARTER_BLOCK penalties, the best public
+    measure until a GPU profile calibrates the lookup (it fits seconds per unit, so only their
+    ratio matters).
+    """
     return 1.0 if dim >= 128 else 1.15 if dim >= 64 else 1.75
 
 
 def lookup_work(
     kind: str, device: str, ids: float, unique: float, dim: float, bag_elems: float = 0.0
 ) -> float:
-    """Units of work of one lookup call (`kind` lookup_fwd / lookup_bwd) on `device`; `bag_elems`
-    the pooled output elements it writes (bags × dim summed over its tables)."""
-    if (
-        device == "cuda"
-    ):  # read the ids (8 B = 2 elements), gather rows (32 lanes at least), write bags
+    """Units of work of one lookup call, the unit its time is fitted per.
+
+    Args:
+        kind: "lookup_fwd" or "lookup_bwd" (backward with the fused optimizer).
+        device: "cuda" or "cpu".
+        ids: ids looked up.
+        unique: distinct rows among them (CPU only).
+        dim: the rows' width (CUDA only).
+        bag_elems: pooled output elements written (bags × dim, summed over the call's tables).
+    Returns:
+        The work units.
+    Raises:
+        KeyError: an unknown `kind` on CPU.
+    """
+    if device == "cuda":  # read the ids (8 B = 2 elements), gather rows (32 lanes at least), bags
         return gpu_row_penalty(dim) * (ids * (2.0 + max(dim, 32.0)) + bag_elems)
     return ids + CPU_UNIQUE_WEIGHT[kind] * unique + CPU_BAG_WEIGHT[kind] * bag_elems
 
 
 def expected_unique(rows: int, alpha: float, draws: float) -> float:
-    """Expected distinct rows among `draws` ids drawn from a Zipf(alpha) law over `rows` rows."""
+    """Expected distinct rows among `draws` ids drawn from a Zipf(alpha) law over `rows` rows
+    (0 for no draws or no rows)."""
     if draws <= 0 or rows <= 0:
         return 0.0
     return _expected_unique(int(rows), round(float(alpha), 3), float(draws))
@@ -79,9 +87,10 @@ def _expected_unique(rows: int, alpha: float, draws: float) -> float:
     # Σ_k 1 − (1 − p_k)^n over ranks k, with ranks grouped in geometric buckets (p nearly constant).
     # p_k is the power law's mass on [k, k+1) — the law the synthetic generator samples and the
     # profiler fits — which differs from the discrete 1/k^α only in the head.
-    edges = np.unique(np.geomspace(1, rows + 1, num=min(rows, 2000) + 1).astype(np.int64))
+    # float edges (floored), not int64: a row count past int64 must not overflow
+    edges = np.unique(np.floor(np.geomspace(1.0, float(rows) + 1.0, num=min(rows, 2000) + 1)))
     lo, hi = edges[:-1], edges[1:]
-    k = np.floor(np.sqrt(lo * hi.astype(np.float64)))
+    k = np.floor(np.sqrt(lo * hi))
     if alpha == 0:
         p = np.full(len(k), 1.0 / rows)
     else:
@@ -91,12 +100,12 @@ def _expected_unique(rows: int, alpha: float, draws: float) -> float:
 
 
 def zipf_share(n: int, alpha: float, fraction: float) -> float:
-    """Share of Zipf(alpha) draws over n ranks that fall on the top ceil(fraction·n) ranks."""
+    """Share of Zipf(alpha) draws over n rows that fall on the hottest ceil(fraction·n) rows."""
     return zipf_top_share(n, alpha, max(1, math.ceil(fraction * n)))
 
 
 def zipf_top_share(n: int, alpha: float, k: int) -> float:
-    """Share of Zipf(alpha) draws over n ranks that fall on the top k ranks."""
+    """Share of Zipf(alpha) draws over n rows that fall on the hottest k rows."""
     return 1.0 if k >= n else _harmonic(k, alpha) / _harmonic(n, alpha)
 
 

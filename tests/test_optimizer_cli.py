@@ -1,4 +1,5 @@
-"""`sparselift optimize`: deterministic plan files, refusals (exit 2, no plan file), and the plan trains."""
+"""`sparselift optimize`: deterministic plan files, refusals (exit 2, no plan file), and the plan
+trains."""
 
 from __future__ import annotations
 

@@ -7,11 +7,13 @@ import dataclasses
 import pytest
 
 from sparselift import plans
+from sparselift.kernels import zipf_share
 from sparselift.optimizer.calibration import Linear, coefficients
-from sparselift.optimizer.cost_model import CostModel, predict_plan
+from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.planio import fingerprints, plan_topology
+from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.space import CW, RW, TW, OptionClass, enumerate_classes
-from sparselift.optimizer.stats import TableStats, zipf_share
+from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import preset
 
 T = [
@@ -52,9 +54,9 @@ def test_predict_plan_of_round_robin_and_balance():
     rr = plans.round_robin_table_wise(fingerprints(T), plan_topology(topo))
     cost = predict_plan(rr, T, None, topo, batch_size=64)
     assert cost.step_time_s > 0 and len(cost.per_rank) == 2
-    assert cost.per_rank[0]["memory_bytes"] > 0
+    assert cost.per_rank[0].memory_bytes > 0
     # lookups follow the owner: t3 (largest pooling) on rank 1
-    assert cost.per_rank[1]["compute_s"] > cost.per_rank[0]["compute_s"]
+    assert cost.per_rank[1].compute_s > cost.per_rank[0].compute_s
 
 
 def test_column_shards_split_lookup_work_on_gpu_not_on_cpu():
@@ -100,9 +102,8 @@ def test_row_wise_output_is_an_all_reduce_on_gloo():
 
 def test_a_uvm_cached_table_without_a_load_factor_is_priced_at_the_size_it_runs_with():
     # TorchRec's planner leaves the load factor out of its plans; TorchRec and FBGEMM then cache 0.2
-    from sparselift.optimizer.cost_model import Globals
     from sparselift.optimizer.planio import choices_from_plan, to_plan
-    from sparselift.optimizer.space import Choice
+    from sparselift.optimizer.space import Choice, PlanWide
 
     topo = preset("h100x8", 8)
     named = to_plan(
@@ -112,7 +113,7 @@ def test_a_uvm_cached_table_without_a_load_factor_is_priced_at_the_size_it_runs_
             for i, t in enumerate(T)
         },
         topo,
-        Globals(),
+        PlanWide(),
     )
     unnamed = dataclasses.replace(
         named, tables=[dataclasses.replace(t, cache_load_factor=None) for t in named.tables]

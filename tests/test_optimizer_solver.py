@@ -9,11 +9,12 @@ import itertools
 import pytest
 
 from sparselift.optimizer.calibration import Linear, coefficients
-from sparselift.optimizer.cost_model import CostModel, Globals
+from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.optimize import Inputs, choose_precision, feasible_classes, optimize
-from sparselift.optimizer.solver import Problem, solve
-from sparselift.optimizer.space import Choice
-from sparselift.optimizer.stats import TableStats
+from sparselift.optimizer.problem import Problem
+from sparselift.optimizer.solver import solve
+from sparselift.optimizer.space import Choice, PlanWide
+from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import preset
 
 TABLES = [
@@ -32,18 +33,19 @@ def _placements(c, topo):
     return [Choice(c, ranks=rs) for rs in itertools.combinations(range(topo.world_size), c.shards)]
 
 
-def brute_force(model: CostModel, stats, classes, g: Globals) -> float:
+def brute_force(model: CostModel, stats, classes, g: PlanWide) -> float:
+    """The best step over every placement of every class and both pipelines, memory permitting."""
     by_name = {s.name: s for s in stats}
     per_table = [[ch for c in classes[s.name] for ch in _placements(c, model.topo)] for s in stats]
     topo = model.topo
     cap_h, cap_d = topo.usable(topo.hbm_bytes), topo.usable(topo.ddr_bytes)
     best = float("inf")
     for combo in itertools.product(*per_table):
-        choices = {s.name: ch for s, ch in zip(stats, combo)}
+        choices = {s.name: ch for s, ch in zip(stats, combo, strict=True)}
         for pipe in ("base", "sparse-dist"):
-            cost = model.evaluate(by_name, choices, Globals(g.forward, g.backward, pipe))
+            cost = model.evaluate(by_name, choices, PlanWide(g.forward, g.backward, pipe))
             if all(
-                r["ddr_bytes"] <= cap_d and (topo.device != "cuda" or r["hbm_bytes"] <= cap_h)
+                r.ddr_bytes <= cap_d and (topo.device != "cuda" or r.hbm_bytes <= cap_h)
                 for r in cost.per_rank
             ):
                 best = min(best, cost.step_time_s)
@@ -61,7 +63,7 @@ def test_exact_solver_matches_brute_force(topo):
     sol = solve(Problem(stats, model, g, classes), time_limit_s=20, mode="exact")
     assert sol.status == "OPTIMAL"
     got = model.evaluate(
-        {s.name: s for s in stats}, sol.choices, Globals(g.forward, g.backward, sol.pipeline)
+        {s.name: s for s in stats}, sol.choices, PlanWide(g.forward, g.backward, sol.pipeline)
     )
     assert got.step_time_s == pytest.approx(
         sol.objective_s, rel=1e-6
@@ -77,7 +79,7 @@ def test_memory_is_a_hard_constraint():
     inp = Inputs(TABLES, topo, 128, coefficients(topo))
     res = optimize(inp, time_limit_s=10)
     for r in res.cost.per_rank:
-        assert r["ddr_bytes"] <= topo.usable(topo.ddr_bytes)
+        assert r.ddr_bytes <= topo.usable(topo.ddr_bytes)
     assert res.plan.table("d").sharding_type != "data_parallel"
 
 
@@ -88,20 +90,20 @@ def test_decomposed_mode_respects_memory_and_bound():
     stats = synthetic_stats(40, seed=3)
     res = optimize(Inputs(stats, topo, 512, coefficients(topo)), time_limit_s=8, mode="decomposed")
     cap = topo.usable(topo.hbm_bytes)
-    assert all(r["hbm_bytes"] <= cap for r in res.cost.per_rank)
+    assert all(r.hbm_bytes <= cap for r in res.cost.per_rank)
     s = res.plan.solver
     assert s["bound"] <= s["objective"] + 1e-12 and 0 <= s["gap"] < 1
 
 
 @pytest.mark.parametrize("device,world", [("cpu-gloo", 2), ("h100x8", 16)])
 def test_never_worse_than_torchrec_under_own_model(device, world):
-    from sparselift.optimizer.stats import stats_from_spec
-    from sparselift.optimizer.torchrec_baseline import torchrec_plan
+    from sparselift.optimizer.table_stats import stats_from_spec
+    from sparselift.optimizer.torchrec_baseline import torchrec_baseline_plan
     from sparselift.workloads.spec import load_workload
 
     spec = load_workload("tiny")
     stats, topo = stats_from_spec(spec), preset(device, world)
-    base = torchrec_plan(stats, topo, spec.batch_size)
+    base = torchrec_baseline_plan(stats, topo, spec.batch_size)
     res = optimize(
         Inputs(stats, topo, spec.batch_size, coefficients(topo)), time_limit_s=10, baseline=base
     )
@@ -110,13 +112,13 @@ def test_never_worse_than_torchrec_under_own_model(device, world):
 
 def test_a_gain_below_min_gain_keeps_torchrecs_plan():
     from sparselift.optimizer.planio import choices_from_plan
-    from sparselift.optimizer.stats import stats_from_spec
-    from sparselift.optimizer.torchrec_baseline import torchrec_plan
+    from sparselift.optimizer.table_stats import stats_from_spec
+    from sparselift.optimizer.torchrec_baseline import torchrec_baseline_plan
     from sparselift.workloads.spec import load_workload
 
     spec = load_workload("tiny")
     stats, topo = stats_from_spec(spec), preset("h100x8", 16)
-    base = torchrec_plan(stats, topo, spec.batch_size)
+    base = torchrec_baseline_plan(stats, topo, spec.batch_size)
     inputs = Inputs(stats, topo, spec.batch_size, coefficients(topo))
     free = optimize(inputs, time_limit_s=10, baseline=base)
     gain = free.baseline_cost.step_time_s / free.cost.step_time_s - 1
@@ -143,19 +145,19 @@ def test_cpu_does_not_pick_options_that_do_not_pay():
     costly = coefficients(topo).replace(
         output_dist_fwd=Linear(3e-4, 4e-8), output_dist_bwd=Linear(5e-4, 4e-8)
     )
-    assert choose_precision(CostModel(topo, 128, costly)) == Globals("fp32", "fp32")
+    assert choose_precision(CostModel(topo, 128, costly)) == PlanWide("fp32", "fp32")
     # a network between hosts makes fp16 pay, from the same coefficients
     multi = CostModel(preset("h100x8", 16), 512, coefficients(preset("h100x8", 16)))
-    assert choose_precision(multi) == Globals("fp16", "bf16")
+    assert choose_precision(multi) == PlanWide("fp16", "bf16")
     # … and a slow network between CPU hosts too, in 16-bit types gloo has (it has no bf16)
     slow = dataclasses.replace(preset("cpu-gloo", 4, 2), inter_host_bw=1e8)
-    assert choose_precision(CostModel(slow, 128, coefficients(slow))) == Globals("fp16", "fp16")
+    assert choose_precision(CostModel(slow, 128, coefficients(slow))) == PlanWide("fp16", "fp16")
 
 
 def test_a_dominant_table_is_proved_optimal_on_two_ranks():
     # multihot-26: one table holds about half of all ids. Without the per-table cuts the relaxation
     # only knows the average rank's load, and CP-SAT ended with a 20 % gap here.
-    from sparselift.optimizer.stats import stats_from_spec
+    from sparselift.optimizer.table_stats import stats_from_spec
     from sparselift.workloads.spec import load_workload
 
     spec = load_workload("multihot-26").capped(200_000)
@@ -169,7 +171,7 @@ def test_a_dominant_table_is_proved_optimal_on_two_ranks():
 
 
 def test_local_search_repairs_a_bad_placement():
-    from sparselift.optimizer.solver import improve_placement
+    from sparselift.optimizer.placement import improve_placement
     from sparselift.optimizer.space import CW, TW, OptionClass
     from sparselift.optimizer.synthetic import synthetic_stats
 
@@ -194,7 +196,7 @@ def test_local_search_repairs_a_bad_placement():
     assert max(r for c in good.values() for r in c.ranks) > 1  # the idle ranks got work
     assert improve_placement(p, good) == good  # a local optimum: nothing left to move
     assert all(
-        r["hbm_bytes"] <= topo.usable(topo.hbm_bytes)
+        r.hbm_bytes <= topo.usable(topo.hbm_bytes)
         for r in model.evaluate(p.by_name, good, g).per_rank
     )
 
@@ -202,7 +204,7 @@ def test_local_search_repairs_a_bad_placement():
 def test_local_search_swaps_where_no_single_move_helps():
     # four equal tables but for their pooling (5, 3 | 4, 2): moving any one table leaves three on a
     # rank, which is worse; only swapping 3 and 2 evens the ranks (5+2 | 4+3)
-    from sparselift.optimizer.solver import improve_placement
+    from sparselift.optimizer.placement import improve_placement
     from sparselift.optimizer.space import TW, OptionClass
 
     stats = [
@@ -210,7 +212,7 @@ def test_local_search_swaps_where_no_single_move_helps():
     ]
     topo = preset("cpu-gloo", 2)
     model = CostModel(topo, 256, coefficients(topo))
-    g = Globals()
+    g = PlanWide()
     p = Problem(stats, model, g, feasible_classes(model, stats, g))
     tw = OptionClass(TW, "fused")
     bad = {
@@ -230,14 +232,15 @@ def test_torchrec_referee_reads_its_estimates_both_ways():
     from sparselift.optimizer.planio import to_plan
     from sparselift.optimizer.space import TW, OptionClass
     from sparselift.optimizer.synthetic import synthetic_stats
-    from sparselift.optimizer.torchrec_baseline import torchrec_cost, torchrec_plan
+    from sparselift.optimizer.torchrec_baseline import torchrec_baseline_plan
+    from sparselift.optimizer.torchrec_referee import torchrec_cost
 
     stats, topo = synthetic_stats(12, seed=1, max_rows=200_000), preset("h100x8", 8)
-    base = torchrec_plan(stats, topo, 512)
+    base = torchrec_baseline_plan(stats, topo, 512)
     tw = OptionClass(TW, "fused")
-    one_rank = to_plan(stats, {s.name: Choice(tw, (0,)) for s in stats}, topo, Globals())
+    one_rank = to_plan(stats, {s.name: Choice(tw, (0,)) for s in stats}, topo, PlanWide())
     spread = to_plan(
-        stats, {s.name: Choice(tw, (i % 8,)) for i, s in enumerate(stats)}, topo, Globals()
+        stats, {s.name: Choice(tw, (i % 8,)) for i, s in enumerate(stats)}, topo, PlanWide()
     )
     v_base, v_one, v_spread = torchrec_cost([base, one_rank, spread], stats, topo, 512)
     for v in (v_base, v_spread):  # Σ over parts of the max ≥ the max over ranks of the Σ
@@ -252,13 +255,13 @@ def test_torchrec_table_estimates_add_up_to_its_verdict():
     from sparselift.optimizer.planio import to_plan
     from sparselift.optimizer.space import TW, OptionClass
     from sparselift.optimizer.synthetic import synthetic_stats
-    from sparselift.optimizer.torchrec_baseline import PERF_PARTS, table_estimates, torchrec_cost
+    from sparselift.optimizer.torchrec_referee import PERF_PARTS, table_estimates, torchrec_cost
 
     stats, topo = synthetic_stats(6, seed=2, max_rows=100_000), preset("h100x8", 8)
     est = table_estimates(stats, topo, 512)
     assert sorted(est) == sorted(s.name for s in stats)
     one_rank = to_plan(
-        stats, {s.name: Choice(OptionClass(TW, "fused"), (0,)) for s in stats}, topo, Globals()
+        stats, {s.name: Choice(OptionClass(TW, "fused"), (0,)) for s in stats}, topo, PlanWide()
     )
     (verdict,) = torchrec_cost([one_rank], stats, topo, 512)
     assert verdict.rate_ms == pytest.approx(
@@ -268,12 +271,13 @@ def test_torchrec_table_estimates_add_up_to_its_verdict():
 
 
 def test_torchrec_referee_prices_a_plans_comm_precision(monkeypatch):
-    # the same plan with fp16 / bf16 collectives: TorchRec's estimator sizes them by the qcomm codecs
-    # the plan sets, so its comms cost about half and its lookups the same
+    # the same plan with fp16 / bf16 collectives: TorchRec's estimator sizes them by the qcomm
+    # codecs the plan sets, so its comms cost about half and its lookups the same
     from sparselift.optimizer.planio import to_plan
     from sparselift.optimizer.space import TW, OptionClass
     from sparselift.optimizer.synthetic import synthetic_stats
-    from sparselift.optimizer.torchrec_baseline import table_estimates, torchrec_cost, torchrec_plan
+    from sparselift.optimizer.torchrec_baseline import torchrec_baseline_plan
+    from sparselift.optimizer.torchrec_referee import table_estimates, torchrec_cost
     from sparselift.plans.plan import CommPrecision
 
     stats, topo = synthetic_stats(6, seed=2, max_rows=100_000), preset("h100x8", 16)
@@ -281,7 +285,7 @@ def test_torchrec_referee_prices_a_plans_comm_precision(monkeypatch):
     compute = sum(e["fwd_compute"] + e["bwd_compute"] + e["prefetch_compute"] for e in est.values())
     comms = sum(e["fwd_comms"] + e["bwd_comms"] for e in est.values())
     one_rank = to_plan(
-        stats, {s.name: Choice(OptionClass(TW, "fused"), (0,)) for s in stats}, topo, Globals()
+        stats, {s.name: Choice(OptionClass(TW, "fused"), (0,)) for s in stats}, topo, PlanWide()
     )
     half = dataclasses.replace(one_rank, comm_precision=CommPrecision("fp16", "bf16"))
     full, reduced = torchrec_cost([one_rank, half], stats, topo, 512)
@@ -299,7 +303,7 @@ def test_torchrec_referee_prices_a_plans_comm_precision(monkeypatch):
     monkeypatch.setattr(
         plans, "torchrec_plan", lambda *a, **kw: given.append(a[3]) or real(*a, **kw)
     )
-    replanned = torchrec_plan(stats, topo, 512, comm_precision=half.comm_precision)
+    replanned = torchrec_baseline_plan(stats, topo, 512, comm_precision=half.comm_precision)
     (sharder,) = given[0]
     codecs = sharder.qcomm_codecs_registry[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name]
     sizes = [
@@ -308,7 +312,7 @@ def test_torchrec_referee_prices_a_plans_comm_precision(monkeypatch):
     ]
     assert sizes == [2, 2]  # what TorchRec's estimator sizes the collectives by
     assert replanned.comm_precision == half.comm_precision
-    default = torchrec_plan(stats, topo, 512)
+    default = torchrec_baseline_plan(stats, topo, 512)
     assert given[1] is None and default.comm_precision == CommPrecision("fp32", "fp32")
 
 
@@ -316,7 +320,7 @@ def test_local_search_never_raises_the_step_it_improves():
     # the search scores phases as the step counts them: under sparse-dist the pipeline hides
     # input_dist, so evening out input_dist (made dear here) at the price of a lookup is no gain —
     # moving a1 beside b would even input_dist and raise the step
-    from sparselift.optimizer.solver import improve_placement
+    from sparselift.optimizer.placement import improve_placement
     from sparselift.optimizer.space import TW, OptionClass
 
     topo = preset("cpu-gloo", 2)
@@ -332,10 +336,10 @@ def test_local_search_never_raises_the_step_it_improves():
         TableStats("b", 200_000, 32, 1.0, feature_names=("b",)),
     ]
     tw = OptionClass(TW, "fused")
-    p = Problem(stats, model, Globals(), feasible_classes(model, stats, Globals()))
+    p = Problem(stats, model, PlanWide(), feasible_classes(model, stats, PlanWide()))
     start = {"a1": Choice(tw, (0,)), "a2": Choice(tw, (0,)), "b": Choice(tw, (1,))}
     for pipe in ("base", "sparse-dist"):
-        g = Globals(pipeline=pipe)
+        g = PlanWide(pipeline=pipe)
         before = model.evaluate(p.by_name, start, g).step_time_s
         assert model.evaluate(
             p.by_name, improve_placement(p, start, pipe), g
@@ -353,13 +357,13 @@ def test_local_search_then_lowers_the_busiest_rank_at_the_same_step():
     import numpy as np
 
     from sparselift.optimizer.cost_model import PHASES
-    from sparselift.optimizer.solver import improve_placement, place_greedy
+    from sparselift.optimizer.placement import improve_placement, place_greedy
     from sparselift.optimizer.space import TW, OptionClass
     from sparselift.optimizer.synthetic import synthetic_stats
 
     stats, topo = synthetic_stats(60, seed=3, max_rows=1_000_000), preset("h100x8", 8)
     model = CostModel(topo, 512, coefficients(topo))
-    g = Globals()
+    g = PlanWide()
     p = Problem(stats, model, g, feasible_classes(model, stats, g))
     tw = OptionClass(TW, "fused")
     start = place_greedy(p, {s.name: tw for s in stats})

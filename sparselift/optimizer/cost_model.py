@@ -7,20 +7,20 @@ A step is bulk-synchronous: every collective waits for the slowest rank, so the 
                                                            lookup_bwd, dp_allreduce)
 
 which is ≥ the slowest rank's fwd+bwd compute plus its exposed communication, and what CP-SAT
-minimizes (one max variable per phase). Each table's option contributes, to each rank, a vector of
-phase times and memory bytes, depending only on whether the rank holds one of its shards ("own"),
-sits on the same host as a shard ("remote_intra") or on another host ("remote_inter"). That makes
-every rank's load a linear expression of the choice variables.
+minimizes (one max variable per phase). Each table's option contributes, to each rank, a
+`RankLoad` (phase times and memory bytes), depending only on whether the rank holds one of its
+shards ("own"), sits on the same host as a shard ("remote_intra") or on another host
+("remote_inter"). That makes every rank's load a linear expression of the choice variables.
 
 A collective's bytes are charged where it is unbalanced: a table-wise or column-wise shard's rank
 receives every rank's ids and output gradients and sends its outputs (ids spread over many owners
 leave the senders even), row-wise shards their even share.
 
-Two caches keep it incremental: resource *counts* per (table stats, option class) — lookup work,
-bytes moved intra/inter host, memory — and *terms* (counts × coefficients) per (stats, class,
-coefficients, precision). A changed table's stats miss only its own entries; a changed coefficient
-only re-multiplies cached counts. Fixed per-call costs (the a_s of a fit) are counted once per
-sharding-type group present (one all-to-all / one TBE per group, as TorchRec batches them).
+Two caches keep it incremental: resource *counts* per (table stats, option class) (`counts`) and
+*terms* (counts × coefficients) per (stats, class, coefficients, precision). A changed table's
+stats miss only its own entries; a changed coefficient only re-multiplies cached counts. Fixed
+per-call costs (the a_s of a fit) are counted once per sharding-type group present (one
+all-to-all / one TBE per group, as TorchRec batches them).
 
 Memory per rank: weights + row-wise Adagrad state (one float per row) + the whole-table gradient of
 the dense kernel / data-parallel + UVM cache in HBM (table in host memory) + the sparse-dist
@@ -30,14 +30,15 @@ pipeline's extra batch of ids.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
-from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES, expected_unique, lookup_work
+from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES
 from sparselift.optimizer.calibration import Coefficients
-from sparselift.optimizer.space import CW, DENSE, DP, RW, TW, TWRW, UVM_CACHING, Choice, OptionClass
-from sparselift.optimizer.stats import TableStats
+from sparselift.optimizer.counts import ClassCounts, Counts, class_counts
+from sparselift.optimizer.space import DP, Choice, OptionClass, PlanWide
+from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 
 PHASES = (
@@ -49,267 +50,190 @@ PHASES = (
     "dp_allreduce",
 )
 COMPUTE_PHASES = ("lookup_fwd", "lookup_bwd")
-NV = len(PHASES) + 2  # phase times, then hbm and ddr bytes
-HBM, DDR = len(PHASES), len(PHASES) + 1
 PRECISION_FACTOR = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5}
 
-Vec = tuple[float, ...]
+
+class PhaseTimes(NamedTuple):
+    """Seconds per phase of a step (one rank's, or the fixed per-call costs)."""
+
+    input_dist: float = 0.0
+    lookup_fwd: float = 0.0
+    output_dist_fwd: float = 0.0
+    output_dist_bwd: float = 0.0
+    lookup_bwd: float = 0.0
+    dp_allreduce: float = 0.0
 
 
-@dataclass(frozen=True)
-class Counts:
-    """What one rank does for one shard of a table, before any coefficient."""
+class RankLoad(NamedTuple):
+    """What a rank carries: seconds per phase, then memory bytes.
 
-    ids_intra: float = 0.0  # input_dist bytes moved inside the host
-    ids_inter: float = 0.0
-    lookup_x: float = 0.0  # ids·dim gathered (fwd) and scattered (bwd)
-    fwd_work: float = 0.0  # lookup work units (`sparselift.kernels.lookup_work`), forward
-    bwd_work: float = 0.0  # … backward + fused optimizer
-    miss_x: float = 0.0  # ids·dim served from host memory (UVM cache misses)
-    out_fwd_intra: float = 0.0  # fp32 bytes of pooled embeddings sent
-    out_fwd_inter: float = 0.0
-    out_bwd_intra: float = 0.0
-    out_bwd_inter: float = 0.0
-    dense_grad_x: float = 0.0  # elements a whole-table optimizer pass touches
-    ar_intra: float = 0.0  # data-parallel allreduce bytes
-    ar_inter: float = 0.0
-    hbm: float = 0.0
-    ddr: float = 0.0
+    A tuple, so that `np.array(loads)` gives one row per rank with the columns in this order
+    (`LOAD_WIDTH` of them; the memory columns from `HBM_COL`).
+    """
+
+    input_dist: float = 0.0
+    lookup_fwd: float = 0.0
+    output_dist_fwd: float = 0.0
+    output_dist_bwd: float = 0.0
+    lookup_bwd: float = 0.0
+    dp_allreduce: float = 0.0
+    hbm_bytes: float = 0.0
+    ddr_bytes: float = 0.0
 
 
-@dataclass(frozen=True)
-class ClassCounts:
-    located: str
-    shards: int
-    own: Counts
-    remote_intra: Counts
-    remote_inter: Counts
+LOAD_WIDTH = len(RankLoad._fields)  # columns of a load array
+HBM_COL, DDR_COL = RankLoad._fields.index("hbm_bytes"), RankLoad._fields.index("ddr_bytes")
+assert RankLoad._fields[: len(PHASES)] == PHASES == PhaseTimes._fields
 
 
 @dataclass(frozen=True)
 class Terms:
-    """Phase seconds and memory bytes one shard puts on a rank, by where the rank is."""
+    """The load one shard of a table's option puts on a rank, by where the rank sits.
+
+    Attributes:
+        located: "all" (replicated / row-wise: every rank is "own"), "rank" (table-wise /
+            column-wise shards on chosen ranks) or "host" (table-row-wise on a chosen host).
+        shards: the option's shard count.
+        own: on a rank holding the shard (every rank for "all"; the host's ranks for "host").
+        remote_intra: on another rank of the shard's host.
+        remote_inter: on a rank of another host.
+    """
 
     located: str
     shards: int
-    own: Vec
-    remote_intra: Vec
-    remote_inter: Vec
+    own: RankLoad
+    remote_intra: RankLoad
+    remote_inter: RankLoad
 
 
 @dataclass(frozen=True)
-class Globals:
-    """Plan-wide decisions: collective precision and the train pipeline."""
+class RankCost:
+    """One rank's predicted cost: compute (lookups + dense) and communication seconds (fixed
+    per-call costs included), and memory bytes (`memory_bytes`: where the tables live)."""
 
-    forward: str = "fp32"
-    backward: str = "fp32"
-    pipeline: str = "base"
+    rank: int
+    compute_s: float
+    comm_s: float
+    memory_bytes: int
+    hbm_bytes: int
+    ddr_bytes: int
 
 
 @dataclass
 class PlanCost:
+    """A plan's predicted step and what makes it up.
+
+    Attributes:
+        step_time_s: dense step + Σ phases_s.
+        phases_s: per phase, max over ranks with fixed costs (input_dist as left exposed).
+        per_rank: every rank's cost.
+        dense_step_s: the dense part of the step.
+        plan_wide: the precision and pipeline it was priced with.
+    """
+
     step_time_s: float
-    phases_s: dict[str, float]  # max over ranks, intercepts included; input_dist as exposed
-    per_rank: list[dict[str, Any]]
+    phases_s: dict[str, float]
+    per_rank: list[RankCost]
     dense_step_s: float
-    globals: Globals = field(default_factory=Globals)
+    plan_wide: PlanWide = field(default_factory=PlanWide)
 
     def predicted(self) -> dict[str, Any]:
         """The plan file's `predicted` block."""
         return {
             "step_time_s": self.step_time_s,
             "per_rank": [
-                {k: r[k] for k in ("rank", "compute_s", "comm_s", "memory_bytes")}
+                {
+                    "rank": r.rank,
+                    "compute_s": r.compute_s,
+                    "comm_s": r.comm_s,
+                    "memory_bytes": r.memory_bytes,
+                }
                 for r in self.per_rank
             ],
         }
 
 
 def group_of(cls: OptionClass) -> tuple[str, str]:
+    """The (sharding type, kernel) group a class runs in: one TBE call per group."""
     return (cls.sharding_type, cls.kernel)
 
 
 class CostModel:
-    """Terms for one target (topology, per-rank batch); coefficients and precision are arguments."""
+    """Terms for one target (topology, per-rank batch); coefficients and precision are arguments.
+
+    Args:
+        topo: the target topology.
+        batch_size: samples per rank.
+        coeffs: the cost coefficients (may be replaced later: terms are cached per coefficients).
+    """
 
     def __init__(self, topo: Topology, batch_size: int, coeffs: Coefficients) -> None:
         self.topo, self.batch_size, self.coeffs = topo, batch_size, coeffs
         self.counts = lru_cache(maxsize=None)(self._counts)
         self._terms = lru_cache(maxsize=None)(self._terms_uncached)
 
-    # ------------------------------------------------------------------------------ resource counts
     def _counts(self, t: TableStats, c: OptionClass) -> ClassCounts:
-        topo, B = self.topo, self.batch_size
-        W, L = topo.world_size, topo.local_world_size
-        N, d, p = t.num_embeddings, t.embedding_dim, t.ids_per_sample
-        nf = max(1, len(t.feature_names))
-        idb = B * (p * ID_BYTES + nf * LENGTH_BYTES)  # one rank's ids for this table, to one shard
-        gpu = topo.device == "cuda"
+        return class_counts(self.topo, self.batch_size, t, c)
 
-        def memory(rows: float, cols: float) -> tuple[float, float, float]:
-            """(hbm, ddr, dense_grad_x) of `rows`×`cols` weights under this kernel."""
-            weights, state = rows * cols * FLOAT_BYTES, rows * FLOAT_BYTES
-            grad = rows * cols * FLOAT_BYTES if c.kernel == DENSE else 0.0
-            dense_x = rows * cols if c.kernel == DENSE else 0.0
-            if c.kernel == UVM_CACHING:
-                return c.cache_load_factor * weights, weights + state, 0.0
-            total = weights + state + grad
-            return (total, 0.0, dense_x) if gpu else (0.0, total, dense_x)
-
-        def miss(lookup_x: float) -> float:
-            if c.kernel != UVM_CACHING:
-                return 0.0
-            return lookup_x * (1.0 - t.hot_share(c.cache_load_factor))
-
-        def unique(draws: float) -> float:
-            return expected_unique(N, t.zipf_alpha, draws)
-
-        def work(ids: float, uniq: float, cols: float, bags: float = W * B) -> dict[str, float]:
-            dev = topo.device
-            return dict(
-                fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols, bags * cols),
-                bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols, bags * cols),
-            )
-
-        zero = Counts()
-        if c.sharding_type == DP:
-            hbm, ddr, _ = memory(N, d)
-            ring = 2.0 * (W - 1) / W * N * d * FLOAT_BYTES
-            grad = N * d * FLOAT_BYTES
-            own = Counts(
-                lookup_x=B * p * d,
-                dense_grad_x=N * d,
-                **work(B * p, unique(B * p), d, B),
-                ar_intra=ring if topo.num_hosts == 1 else 0.0,
-                ar_inter=ring if topo.num_hosts > 1 else 0.0,
-                hbm=hbm + (grad if gpu else 0.0),
-                ddr=ddr + (0.0 if gpu else grad),
-            )
-            return ClassCounts("all", W, own, zero, zero)
-        if c.sharding_type in (TW, CW):
-            cols = d / c.shards
-            hbm, ddr, dense_x = memory(N, cols)
-            lx = W * B * p * cols
-            out = B * cols * FLOAT_BYTES
-            # the shard's rank receives every other rank's ids and gradients: with ids spread over
-            # many owners, the receiving side is where an all-to-all is unbalanced
-            own = Counts(
-                lookup_x=lx,
-                miss_x=miss(lx),
-                ids_intra=(L - 1) * idb,
-                ids_inter=(W - L) * idb,
-                out_fwd_intra=(L - 1) * out,
-                out_fwd_inter=(W - L) * out,
-                out_bwd_intra=(L - 1) * out,
-                out_bwd_inter=(W - L) * out,
-                dense_grad_x=dense_x,
-                hbm=hbm,
-                ddr=ddr,
-                **work(W * B * p, unique(W * B * p), cols),
-            )
-            return ClassCounts("rank", c.shards, own, zero, zero)
-        if c.sharding_type == RW:
-            hbm, ddr, dense_x = memory(N / W, d)
-            out = B * d * FLOAT_BYTES
-            lx = B * p * d
-            own = Counts(
-                ids_intra=idb * (L - 1) / W,
-                ids_inter=idb * (W - L) / W,
-                lookup_x=lx,
-                miss_x=miss(lx),
-                out_fwd_intra=(L - 1) * out,
-                out_fwd_inter=(W - L) * out,
-                out_bwd_intra=(L - 1) * out,
-                out_bwd_inter=(W - L) * out,
-                dense_grad_x=dense_x,
-                hbm=hbm,
-                ddr=ddr,
-                **work(B * p, unique(W * B * p) / W, d),
-            )
-            if not gpu:  # gloo has no reduce-scatter: a ring all-reduce of the whole W·B·d output
-                own = replace(
-                    own,
-                    out_fwd_intra=2.0 * (W - 1) / W * W * out if topo.num_hosts == 1 else 0.0,
-                    out_fwd_inter=2.0 * (W - 1) / W * W * out if topo.num_hosts > 1 else 0.0,
-                )
-            return ClassCounts("all", W, own, zero, zero)
-        if c.sharding_type == TWRW:
-            hbm, ddr, dense_x = memory(N / L, d)
-            out = B * d * FLOAT_BYTES
-            lx = W * B * p * d / L
-            fwd_intra, fwd_inter = W * out * (L - 1) / L, (W - L) * out / L
-            own = Counts(
-                ids_intra=idb * (L - 1) / L,
-                lookup_x=lx,
-                miss_x=miss(lx),
-                **work(W * B * p / L, unique(W * B * p) / L, d),
-                out_fwd_intra=fwd_intra,
-                out_fwd_inter=fwd_inter,
-                out_bwd_intra=fwd_intra,
-                out_bwd_inter=0.0,
-                dense_grad_x=dense_x,
-                hbm=hbm,
-                ddr=ddr,
-            )
-            remote = Counts(ids_inter=idb, out_bwd_inter=out)
-            return ClassCounts("host", 1, own, remote, remote)
-        raise ValueError(f"unknown sharding type {c.sharding_type}")
-
-    # --------------------------------------------------------------------------- terms (seconds)
-    def terms(self, t: TableStats, c: OptionClass, g: Globals = Globals()) -> Terms:
-        return self._terms(t, c, self.coeffs, g.forward, g.backward)
+    def terms(self, t: TableStats, c: OptionClass, plan_wide: PlanWide | None = None) -> Terms:
+        """The load one shard of table `t` under class `c` puts on each kind of rank, at the
+        collective precision of `plan_wide` (default fp32; its pipeline is not read)."""
+        plan_wide = plan_wide or PlanWide()
+        return self._terms(t, c, self.coeffs, plan_wide.forward, plan_wide.backward)
 
     def _terms_uncached(
-        self, t: TableStats, c: OptionClass, k: Coefficients, fwd: str, bwd: str
+        self, t: TableStats, c: OptionClass, coeffs: Coefficients, fwd: str, bwd: str
     ) -> Terms:
         cc = self.counts(t, c)
         ff, fb = PRECISION_FACTOR[fwd], PRECISION_FACTOR[bwd]
 
         def out(intra: float, inter: float, b: float, f: float) -> float:
-            t_ = b * intra + k.inter_host_b_s * inter
+            t_ = b * intra + coeffs.inter_host_b_s * inter
             if f < 1.0:  # fewer bytes on the wire (host work per byte stays); quantize at the
                 # sender and dequantize at the receiver, per element
-                t_ -= (1.0 - f) * (min(b, k.wire_b_s) * intra + k.inter_host_b_s * inter)
-                t_ += 2.0 * k.quantize_b_s * (intra + inter) / FLOAT_BYTES
+                t_ -= (1.0 - f) * (min(b, coeffs.wire_b_s) * intra + coeffs.inter_host_b_s * inter)
+                t_ += 2.0 * coeffs.quantize_b_s * (intra + inter) / FLOAT_BYTES
             return t_
 
-        def vec(n: Counts) -> Vec:
-            return (
-                k.input_dist.b_s * n.ids_intra + k.inter_host_b_s * n.ids_inter,
-                k.lookup_fwd.b_s * n.fwd_work + k.uvm_miss_b_s * n.miss_x,
-                out(n.out_fwd_intra, n.out_fwd_inter, k.output_dist_fwd.b_s, ff),
-                out(n.out_bwd_intra, n.out_bwd_inter, k.output_dist_bwd.b_s, fb),
-                k.lookup_bwd.b_s * n.bwd_work
-                + k.uvm_miss_b_s * n.miss_x
-                + k.dense_grad_b_s * n.dense_grad_x,
-                (1.0 - k.dp_overlap)
-                * (k.dp_allreduce.b_s * n.ar_intra + k.inter_host_b_s * n.ar_inter),
+        def load(n: Counts) -> RankLoad:
+            return RankLoad(
+                coeffs.input_dist.b_s * n.ids_intra + coeffs.inter_host_b_s * n.ids_inter,
+                coeffs.lookup_fwd.b_s * n.fwd_work + coeffs.uvm_miss_b_s * n.miss_x,
+                out(n.out_fwd_intra, n.out_fwd_inter, coeffs.output_dist_fwd.b_s, ff),
+                out(n.out_bwd_intra, n.out_bwd_inter, coeffs.output_dist_bwd.b_s, fb),
+                coeffs.lookup_bwd.b_s * n.bwd_work
+                + coeffs.uvm_miss_b_s * n.miss_x
+                + coeffs.dense_grad_b_s * n.dense_grad_x,
+                (1.0 - coeffs.dp_overlap)
+                * (coeffs.dp_allreduce.b_s * n.ar_intra + coeffs.inter_host_b_s * n.ar_inter),
                 n.hbm,
                 n.ddr,
             )
 
-        return Terms(cc.located, cc.shards, vec(cc.own), vec(cc.remote_intra), vec(cc.remote_inter))
+        return Terms(
+            cc.located, cc.shards, load(cc.own), load(cc.remote_intra), load(cc.remote_inter)
+        )
 
-    def intercepts(self, groups: Iterable[tuple[str, str]]) -> Vec:
-        """Fixed per-call costs of the groups present: one a2a per sharding type, one TBE per kernel."""
-        k = self.coeffs
+    def fixed_call_costs(self, groups: Iterable[tuple[str, str]]) -> PhaseTimes:
+        """Fixed per-call costs of the (sharding type, kernel) groups present: one all-to-all
+        per sharding type, one TBE per group, one allreduce for all data-parallel tables."""
+        coeffs = self.coeffs
         groups = set(groups)
         types = {s for s, _ in groups if s != DP}
-        return (
-            k.input_dist.a_s * len(types),
-            k.lookup_fwd.a_s * len(groups),
-            k.output_dist_fwd.a_s * len(types),
-            k.output_dist_bwd.a_s * len(types),
-            k.lookup_bwd.a_s * len(groups),
-            (1.0 - k.dp_overlap)
-            * k.dp_allreduce.a_s
+        return PhaseTimes(
+            coeffs.input_dist.a_s * len(types),
+            coeffs.lookup_fwd.a_s * len(groups),
+            coeffs.output_dist_fwd.a_s * len(types),
+            coeffs.output_dist_bwd.a_s * len(types),
+            coeffs.lookup_bwd.a_s * len(groups),
+            (1.0 - coeffs.dp_overlap)
+            * coeffs.dp_allreduce.a_s
             * (1 if any(s == DP for s, _ in groups) else 0),
-            0.0,
-            0.0,
         )
 
     def pipeline_buffer_bytes(self, stats: Iterable[TableStats]) -> float:
-        """The sparse-dist pipeline holds one more batch of ids per rank (all tables, as received)."""
+        """Bytes the sparse-dist pipeline adds to every rank: one more batch of ids (all
+        tables, as received)."""
         return (
             sum(
                 self.batch_size
@@ -321,113 +245,106 @@ class CostModel:
             * 2
         )
 
-    # ------------------------------------------------------------------------------ evaluation
     def rank_loads(
-        self, stats: Mapping[str, TableStats], choices: Mapping[str, Choice], g: Globals = Globals()
-    ) -> list[list[float]]:
-        """Per rank: phase seconds (no intercepts) and memory bytes, summed over tables."""
-        topo = self.topo
-        W, L = topo.world_size, topo.local_world_size
-        loads = [[0.0] * NV for _ in range(W)]
-        for name, ch in choices.items():
-            tm = self.terms(stats[name], ch.cls, g)
-            if tm.located == "all":
-                for q in range(W):
-                    _add(loads[q], tm.own)
-            elif tm.located == "host":
-                for q in range(W):
-                    _add(loads[q], tm.own if topo.host_of(q) == ch.host else tm.remote_inter)
-            else:
-                for r in ch.ranks:
-                    for q in range(W):
-                        if q == r:
-                            _add(loads[q], tm.own)
-                        elif q // L == r // L:
-                            _add(loads[q], tm.remote_intra)
-                        else:
-                            _add(loads[q], tm.remote_inter)
-        return loads
+        self,
+        stats: Mapping[str, TableStats],
+        choices: Mapping[str, Choice],
+        plan_wide: PlanWide | None = None,
+    ) -> list[RankLoad]:
+        """Every rank's load (phase seconds without fixed costs, memory bytes) under `choices`
+        at the collective precision of `plan_wide` (default fp32)."""
+        return sum_rank_loads(
+            self.topo,
+            ((ch, self.terms(stats[name], ch.cls, plan_wide)) for name, ch in choices.items()),
+        )
 
     def evaluate(
-        self, stats: Mapping[str, TableStats], choices: Mapping[str, Choice], g: Globals = Globals()
+        self,
+        stats: Mapping[str, TableStats],
+        choices: Mapping[str, Choice],
+        plan_wide: PlanWide | None = None,
     ) -> PlanCost:
-        loads = self.rank_loads(stats, choices, g)
-        icpt = self.intercepts(group_of(ch.cls) for ch in choices.values())
-        k = self.coeffs
-        phases = {ph: max(l[i] for l in loads) + icpt[i] for i, ph in enumerate(PHASES)}
-        buffer = (
-            self.pipeline_buffer_bytes(stats[n] for n in choices)
-            if g.pipeline == "sparse-dist"
-            else 0.0
-        )
-        if g.pipeline == "sparse-dist":
-            phases["input_dist"] = (1.0 - k.pipeline_overlap) * phases[
+        """Price a plan: its step time, phase maxima and every rank's cost and memory.
+
+        Args:
+            stats: statistics by table name (at least every table of `choices`).
+            choices: every table's option and placement.
+            plan_wide: the plan's collective precision and pipeline (default fp32, base).
+        Returns:
+            The plan's PlanCost (memory is reported, not checked against the topology).
+        Raises:
+            KeyError: a table of `choices` has no statistics.
+        """
+        plan_wide = plan_wide or PlanWide()
+        loads = self.rank_loads(stats, choices, plan_wide)
+        fixed = self.fixed_call_costs(group_of(ch.cls) for ch in choices.values())
+        coeffs = self.coeffs
+        phases = {
+            ph: max(getattr(load, ph) for load in loads) + getattr(fixed, ph) for ph in PHASES
+        }
+        sparse_dist = plan_wide.pipeline == "sparse-dist"
+        buffer = self.pipeline_buffer_bytes(stats[n] for n in choices) if sparse_dist else 0.0
+        if sparse_dist:
+            phases["input_dist"] = (1.0 - coeffs.pipeline_overlap) * phases[
                 "input_dist"
-            ] + k.pipeline_overhead_s
-        step = k.dense_step_s + sum(phases.values())
-        mem_index = HBM if self.topo.device == "cuda" else DDR
+            ] + coeffs.pipeline_overhead_s
+        step = coeffs.dense_step_s + sum(phases.values())
+        gpu = self.topo.device == "cuda"
         per_rank = []
-        for q, l in enumerate(loads):
-            compute = sum(l[PHASES.index(p)] + icpt[PHASES.index(p)] for p in COMPUTE_PHASES)
-            comm = sum(l[i] + icpt[i] for i, p in enumerate(PHASES) if p not in COMPUTE_PHASES)
+        for q, load in enumerate(loads):
+            compute = sum(getattr(load, ph) + getattr(fixed, ph) for ph in COMPUTE_PHASES)
+            comm = sum(
+                getattr(load, ph) + getattr(fixed, ph) for ph in PHASES if ph not in COMPUTE_PHASES
+            )
             per_rank.append(
-                {
-                    "rank": q,
-                    "compute_s": compute + k.dense_step_s,
-                    "comm_s": comm,
-                    "memory_bytes": int(l[mem_index] + buffer),
-                    "hbm_bytes": int(l[HBM]),
-                    "ddr_bytes": int(l[DDR] + (0 if mem_index == HBM else buffer)),
-                }
+                RankCost(
+                    rank=q,
+                    compute_s=compute + coeffs.dense_step_s,
+                    comm_s=comm,
+                    memory_bytes=int((load.hbm_bytes if gpu else load.ddr_bytes) + buffer),
+                    hbm_bytes=int(load.hbm_bytes),
+                    ddr_bytes=int(load.ddr_bytes + (0 if gpu else buffer)),
+                )
             )
         return PlanCost(
             step_time_s=step,
             phases_s=phases,
             per_rank=per_rank,
-            dense_step_s=k.dense_step_s,
-            globals=g,
+            dense_step_s=coeffs.dense_step_s,
+            plan_wide=plan_wide,
         )
 
 
-def _add(acc: list[float], v: Vec) -> None:
-    for i, x in enumerate(v):
-        acc[i] += x
+def sum_rank_loads(topo: Topology, placed: Iterable[tuple[Choice, Terms]]) -> list[RankLoad]:
+    """Every rank's load: the terms of the placed options, summed in the order given.
 
-
-def predict_plan(
-    plan: Any,
-    stats: list[TableStats],
-    calibration: Any,
-    topology: Topology,
-    batch_size: int | None = None,
-) -> PlanCost:
-    """Per-rank costs and step time of any plan (Plan, plan dict or path) under SparseLift's model.
-
-    `calibration`: a calibration.json dict, a Coefficients, or None (the topology preset's defaults).
-    `batch_size`: per rank; default the calibration's, else 512.
+    Args:
+        topo: the topology (ranks, hosts).
+        placed: (choice, its terms) per table.
+    Returns:
+        One RankLoad per rank.
     """
-    from sparselift import plans
-    from sparselift.optimizer.calibration import coefficients
-    from sparselift.optimizer.planio import choices_from_plan
+    W, L = topo.world_size, topo.local_world_size
+    loads = [[0.0] * LOAD_WIDTH for _ in range(W)]
+    for ch, terms in placed:
+        if terms.located == "all":
+            for q in range(W):
+                _add(loads[q], terms.own)
+        elif terms.located == "host":
+            for q in range(W):
+                _add(loads[q], terms.own if topo.host_of(q) == ch.host else terms.remote_inter)
+        else:
+            for r in ch.ranks:
+                for q in range(W):
+                    if q == r:
+                        _add(loads[q], terms.own)
+                    elif q // L == r // L:
+                        _add(loads[q], terms.remote_intra)
+                    else:
+                        _add(loads[q], terms.remote_inter)
+    return [RankLoad(*load) for load in loads]
 
-    if not isinstance(plan, (dict, plans.Plan)):
-        plan = plans.load(plan)
-    coeffs = (
-        calibration
-        if isinstance(calibration, Coefficients)
-        else coefficients(topology, calibration)
-    )
-    if batch_size is None:
-        batch_size = (
-            int((calibration or {}).get("batch_size", 512))
-            if isinstance(calibration, dict)
-            else 512
-        )
-    choices, g = choices_from_plan(plan, topology)
-    by_name = {s.name: s for s in stats}
-    missing = [n for n in choices if n not in by_name]
-    if missing:
-        from sparselift.errors import UserError
 
-        raise UserError(f"plan tables without statistics: {', '.join(missing)}")
-    return CostModel(topology, batch_size, coeffs).evaluate(by_name, choices, g)
+def _add(acc: list[float], load: RankLoad) -> None:
+    for i, x in enumerate(load):
+        acc[i] += x

@@ -1,36 +1,61 @@
-"""One planning run: inputs → feasible options → global choices → CP-SAT → plan (never worse than
-TorchRec's under our model) with its predicted costs and the solver's record."""
+"""One planning run: inputs → feasible options → plan-wide choices → CP-SAT → plan, never worse
+than TorchRec's under our model, with its predicted costs and the solver's record."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparselift import plans
 from sparselift.errors import UserError
 from sparselift.optimizer.calibration import Coefficients
-from sparselift.optimizer.cost_model import DDR, HBM, CostModel, Globals, PlanCost
+from sparselift.optimizer.cost_model import CostModel, PlanCost
+from sparselift.optimizer.feasibility import feasible_classes
 from sparselift.optimizer.planio import choices_from_plan, to_plan
-from sparselift.optimizer.solver import Problem, Solution, solve
-from sparselift.optimizer.space import OptionClass, enumerate_classes
-from sparselift.optimizer.stats import TableStats
+from sparselift.optimizer.problem import Problem, Solution
+from sparselift.optimizer.solver import solve
+from sparselift.optimizer.space import Choice, PlanWide
+from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
+
+PendingBaselines = Callable[[], Sequence[plans.Plan | None]]
 
 
 @dataclass
 class Inputs:
+    """What a planning run plans for.
+
+    Attributes:
+        stats: the tables.
+        topo: the target topology.
+        batch_size: samples per rank.
+        coeffs: the cost coefficients.
+        provenance: facts recorded in the plan (profile or workload, topology).
+    """
+
     stats: list[TableStats]
     topo: Topology
-    batch_size: int  # per rank
+    batch_size: int
     coeffs: Coefficients
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Result:
+    """A planning run's outcome.
+
+    Attributes:
+        plan: the plan to write (SparseLift's, or the baseline kept).
+        cost: its predicted cost.
+        solution: the solver's answer and record.
+        baseline: the cheapest TorchRec plan given, or None.
+        baseline_cost: its predicted cost, or None.
+        kept_baseline: the baseline was kept (ours not predicted faster by `min_gain`).
+    """
+
     plan: plans.Plan
     cost: PlanCost
     solution: Solution
@@ -39,7 +64,7 @@ class Result:
     kept_baseline: bool
 
 
-def choose_precision(model: CostModel) -> Globals:
+def choose_precision(model: CostModel) -> PlanWide:
     """fp16 forward / bf16 backward where halving the bytes saves more than (de)quantizing costs.
 
     Per fp32 byte sent, 16-bit saves half its wire time w/2 and costs q/2 (q: seconds per element
@@ -47,65 +72,57 @@ def choose_precision(model: CostModel) -> Globals:
     is decided before the solve. w is the bytes' link: inside the host on one host (never more than
     the call's whole per-byte cost; host work per byte is not halved), the network otherwise.
     Gloo has no bf16 collectives (TorchRec falls back to fp16 there), so a CPU plan says fp16.
+
+    Returns:
+        The collective precision (pipeline "base": the solver decides it).
     """
-    k, multi = model.coeffs, model.topo.num_hosts > 1
+    coeffs, multi = model.coeffs, model.topo.num_hosts > 1
     half_bwd = "bf16" if model.topo.device == "cuda" else "fp16"
 
     def pays(b_intra: float) -> bool:
-        wire = k.inter_host_b_s if multi else min(b_intra, k.wire_b_s)
-        return k.quantize_b_s < wire
+        wire = coeffs.inter_host_b_s if multi else min(b_intra, coeffs.wire_b_s)
+        return coeffs.quantize_b_s < wire
 
-    return Globals(
-        forward="fp16" if pays(k.output_dist_fwd.b_s) else "fp32",
-        backward=half_bwd if pays(k.output_dist_bwd.b_s) else "fp32",
+    return PlanWide(
+        forward="fp16" if pays(coeffs.output_dist_fwd.b_s) else "fp32",
+        backward=half_bwd if pays(coeffs.output_dist_bwd.b_s) else "fp32",
     )
 
 
-def feasible_classes(
-    model: CostModel, stats: list[TableStats], g: Globals
-) -> dict[str, list[OptionClass]]:
-    """Each table's classes whose own per-rank memory fits; one clear refusal when some table has none."""
-    topo = model.topo
-    hbm_cap, ddr_cap = topo.usable(topo.hbm_bytes), topo.usable(topo.ddr_bytes)
-    out, stuck = {}, []
-    for s in stats:
-        ok = []
-        for c in enumerate_classes(s, topo, model.batch_size):
-            own = model.terms(s, c, g).own
-            if (
-                own[HBM] <= (hbm_cap if topo.device == "cuda" else float("inf"))
-                and own[DDR] <= ddr_cap
-            ):
-                ok.append(c)
-        if not ok:
-            stuck.append(s)
-        out[s.name] = ok
-    total = sum(s.num_embeddings * s.embedding_dim * 4 + s.num_embeddings * 4 for s in stats)
-    cap_total = topo.world_size * (
-        hbm_cap + (ddr_cap if topo.has_uvm or topo.device == "cpu" else 0)
-    )
-    if stuck or total > cap_total:
-        big = sorted(stats, key=lambda s: -s.num_embeddings * s.embedding_dim)[:3]
-        mem = "HBM" if topo.device == "cuda" else "memory"
-        per = hbm_cap if topo.device == "cuda" else ddr_cap
-        raise UserError(
-            f"the tables do not fit: weights + optimizer state need {_gib(total)} "
-            f"({', '.join(stuck_names(stuck)) + ' cannot be placed; ' if stuck else ''}"
-            f"usable {mem} is {_gib(per)} per rank × {topo.world_size} ranks = {_gib(per * topo.world_size)}"
-            f"{' + host memory for UVM caching' if topo.has_uvm else ''}); largest tables: "
-            + ", ".join(
-                f"{s.name} {_gib(s.num_embeddings * (s.embedding_dim + 1) * 4)}" for s in big
-            )
-        )
-    return out
+class _CheapestBaseline:
+    """The baseline to beat: the cheapest given plan under our model, chosen once all are there.
 
+    Called as the solver's warm start, so that plans still being made (TorchRec's planner in
+    child processes) are waited for only once the first CP-SAT model is built.
+    """
 
-def stuck_names(stuck: list[TableStats]) -> list[str]:
-    return [s.name for s in stuck[:5]] + ([f"… {len(stuck) - 5} more"] if len(stuck) > 5 else [])
+    def __init__(
+        self,
+        model: CostModel,
+        by_name: dict[str, TableStats],
+        given: Sequence[plans.Plan | None],
+        pending: PendingBaselines | None,
+    ) -> None:
+        self.model, self.by_name, self.given, self.pending = model, by_name, given, pending
+        self.resolved, self.waited_s = False, 0.0
+        self.plan: plans.Plan | None = None
+        self.choices: dict[str, Choice] | None = None
+        self.cost: PlanCost | None = None
 
-
-def _gib(b: float) -> str:
-    return f"{b / 2**30:.2f} GiB"
+    def __call__(self) -> dict[str, Choice] | None:
+        if not self.resolved:
+            t0 = time.perf_counter()
+            candidates = [*self.given, *(self.pending() if self.pending is not None else ())]
+            self.waited_s = time.perf_counter() - t0
+            for candidate in candidates:  # ties: the first given
+                if candidate is None:
+                    continue
+                choices, plan_wide = choices_from_plan(candidate, self.model.topo)
+                cost = self.model.evaluate(self.by_name, choices, plan_wide)
+                if self.cost is None or cost.step_time_s < self.cost.step_time_s:
+                    self.choices, self.cost, self.plan = choices, cost, candidate
+            self.resolved = True
+        return self.choices
 
 
 def optimize(
@@ -119,47 +136,56 @@ def optimize(
     progress: Callable[[str], None] | None = None,
     min_gain: float = 0.0,
     other_baselines: tuple[plans.Plan, ...] = (),
+    pending_baselines: PendingBaselines | None = None,
 ) -> Result:
-    """Solve, then keep the baseline (TorchRec's plan) unless ours is predicted faster by `min_gain`.
+    """Plan: solve, then keep the cheapest baseline unless ours is predicted faster by `min_gain`.
 
-    `min_gain` is the share by which a new plan must beat the baseline under the model to be worth
-    the change: below the model's own prediction error, a "better" plan is a coin toss.
+    Args:
+        inp: what to plan for.
+        time_limit_s, seed, workers, mode, progress: the solver's (`solver.solve`).
+        baseline: a TorchRec plan to start from and to beat.
+        min_gain: the share by which a new plan must beat the baseline under the model to be
+            worth the change: below the model's own prediction error, a "better" plan is a coin
+            toss.
+        other_baselines: more plans to beat (the cheapest of all is the warm start).
+        pending_baselines: plans still being made, waited for once the first CP-SAT model is
+            built (after `baseline` and `other_baselines` in the order of ties).
+    Returns:
+        The plan and its record.
+    Raises:
+        UserError: no tables, the tables do not fit, or no plan was found.
     """
     if not inp.stats:
         raise UserError("the workload has no tables")
     model = CostModel(inp.topo, inp.batch_size, inp.coeffs)
-    g = choose_precision(model)
-    classes = feasible_classes(model, inp.stats, g)
+    plan_wide = choose_precision(model)
+    classes = feasible_classes(model, inp.stats, plan_wide)
     by_name = {s.name: s for s in inp.stats}
-    hint, base_cost = None, None
-    for candidate in (baseline, *other_baselines):  # the cheapest TorchRec plan is the one to beat
-        if candidate is None:
-            continue
-        choices, bg = choices_from_plan(candidate, inp.topo)
-        cost = model.evaluate(by_name, choices, bg)
-        if base_cost is None or cost.step_time_s < base_cost.step_time_s:
-            hint, base_cost, baseline = choices, cost, candidate
+    base = _CheapestBaseline(model, by_name, (baseline, *other_baselines), pending_baselines)
     t0 = time.perf_counter()
     sol = solve(
-        Problem(inp.stats, model, g, classes, hint),
+        Problem(inp.stats, model, plan_wide, classes),
         time_limit_s=time_limit_s,
         seed=seed,
         workers=workers,
         mode=mode,
         progress=progress,
+        warm_start=base,
     )
-    g = Globals(g.forward, g.backward, sol.pipeline)
+    base()  # resolved by the solve already; here in case a solver path did not ask
+    plan_wide = PlanWide(plan_wide.forward, plan_wide.backward, sol.pipeline)
     choices = sol.choices
-    cost = model.evaluate(by_name, choices, g)
+    cost = model.evaluate(by_name, choices, plan_wide)
     kept = False
     if (
-        base_cost is not None
-        and base_cost.step_time_s < cost.step_time_s * (1.0 + min_gain)
-        and _fits(inp.topo, base_cost)
+        base.cost is not None
+        and base.choices is not None
+        and base.cost.step_time_s < cost.step_time_s * (1.0 + min_gain)
+        and _fits(inp.topo, base.cost)
     ):
         # a decomposed or timed-out solve can land above the warm start: never hand back worse;
         # and a gain smaller than the model can resolve is not worth a new plan
-        choices, g, cost, kept = hint, base_cost.globals, base_cost, True
+        choices, plan_wide, cost, kept = base.choices, base.cost.plan_wide, base.cost, True
     gap = (
         max(0.0, (cost.step_time_s - sol.bound_s) / cost.step_time_s)
         if cost.step_time_s > 0
@@ -181,27 +207,26 @@ def optimize(
         "batch_size": inp.batch_size,
         "tool": "sparselift optimize",
     }
-    if kept:  # TorchRec's plan as it is (its table-column-wise splits too), with our records
+    if kept and base.plan is not None:  # TorchRec's plan as it is (its splits too), our records
         plan = dataclasses.replace(
-            baseline, predicted=cost.predicted(), solver=solver_rec, provenance=provenance
+            base.plan, predicted=cost.predicted(), solver=solver_rec, provenance=provenance
         )
     else:
         plan = to_plan(
             inp.stats,
             choices,
             inp.topo,
-            g,
+            plan_wide,
             predicted=cost.predicted(),
             solver=solver_rec,
             provenance=provenance,
         )
-    sol.wall_s = time.perf_counter() - t0
-    return Result(plan, cost, sol, baseline, base_cost, kept)
+    sol.wall_s = time.perf_counter() - t0 - base.waited_s
+    return Result(plan, cost, sol, base.plan, base.cost, kept)
 
 
 def _fits(topo: Topology, cost: PlanCost) -> bool:
     hbm, ddr = topo.usable(topo.hbm_bytes), topo.usable(topo.ddr_bytes)
     return all(
-        (r["hbm_bytes"] <= hbm or topo.device != "cuda") and r["ddr_bytes"] <= ddr
-        for r in cost.per_rank
+        (r.hbm_bytes <= hbm or topo.device != "cuda") and r.ddr_bytes <= ddr for r in cost.per_rank
     )

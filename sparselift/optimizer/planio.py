@@ -11,9 +11,8 @@ from typing import Any
 
 from sparselift import plans
 from sparselift.errors import UserError
-from sparselift.optimizer.cost_model import Globals
-from sparselift.optimizer.space import CW, DP, RW, TW, TWRW, Choice, OptionClass
-from sparselift.optimizer.stats import TableStats
+from sparselift.optimizer.space import CW, DP, RW, TW, TWRW, Choice, OptionClass, PlanWide
+from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 
 
@@ -27,6 +26,7 @@ def _row_blocks(rows: int, ranks: list[int], dim: int) -> list[plans.Shard]:
 
 
 def table_plan(t: TableStats, ch: Choice, topo: Topology) -> plans.TablePlan:
+    """Table `t` under choice `ch` as the plan file's table entry, with TorchRec's shard layout."""
     c, n, d = ch.cls, t.num_embeddings, t.embedding_dim
     ranks = ch.plan_ranks(topo)
     if c.sharding_type == DP:
@@ -51,6 +51,7 @@ def table_plan(t: TableStats, ch: Choice, topo: Topology) -> plans.TablePlan:
 
 
 def fingerprints(stats: list[TableStats]) -> list[plans.TableFingerprint]:
+    """The tables as a plan's model fingerprint (name, rows, dim, features)."""
     return [
         plans.TableFingerprint(
             name=t.name,
@@ -63,6 +64,7 @@ def fingerprints(stats: list[TableStats]) -> list[plans.TableFingerprint]:
 
 
 def plan_topology(topo: Topology) -> plans.PlanTopology:
+    """The part of our topology a plan file records (ranks, hosts, device, preset)."""
     return plans.PlanTopology(
         world_size=topo.world_size,
         local_world_size=topo.local_world_size,
@@ -75,19 +77,33 @@ def to_plan(
     stats: list[TableStats],
     choices: Mapping[str, Choice],
     topo: Topology,
-    g: Globals,
+    plan_wide: PlanWide,
     *,
     predicted: dict[str, Any] | None = None,
     solver: dict[str, Any] | None = None,
     provenance: dict[str, Any] | None = None,
     module: str | None = None,
 ) -> plans.Plan:
+    """The optimizer's choices as a validated plan.
+
+    Args:
+        stats: the tables, in the plan's order.
+        choices: every table's choice.
+        topo: the target topology.
+        plan_wide: collective precision and pipeline.
+        predicted, solver, provenance: the plan's records (`PlanCost.predicted()`, the solver's).
+        module: the EmbeddingBagCollection's path, if known.
+    Returns:
+        The plan (round-tripped through its dict, so it is what a reader of the file gets).
+    Raises:
+        PlanError: the plan breaks a check.
+    """
     plan = plans.Plan(
         model=fingerprints(stats),
         topology=plan_topology(topo),
         tables=[table_plan(t, choices[t.name], topo) for t in stats],
-        comm_precision=plans.CommPrecision(forward=g.forward, backward=g.backward),
-        pipeline=g.pipeline,
+        comm_precision=plans.CommPrecision(forward=plan_wide.forward, backward=plan_wide.backward),
+        pipeline=plan_wide.pipeline,
         module=module,
         predicted=predicted,
         solver=solver,
@@ -97,10 +113,18 @@ def to_plan(
     return plans.Plan.from_dict(plan.to_dict(), plan.source)
 
 
-def choices_from_plan(plan: Any, topo: Topology) -> tuple[dict[str, Choice], Globals]:
+def choices_from_plan(plan: Any, topo: Topology) -> tuple[dict[str, Choice], PlanWide]:
     """Read any plan (ours, TorchRec's converted, round-robin) back into choices the model prices.
 
     table_column_wise is priced as column shards on its ranks; a TWRW plan as its first rank's host.
+
+    Args:
+        plan: a Plan or a plan dict.
+        topo: the topology to price on.
+    Returns:
+        (choices by table, plan-wide precision and pipeline).
+    Raises:
+        UserError: a table's sharding type is not one the optimizer prices.
     """
     if isinstance(plan, dict):
         plan = plans.Plan.from_dict(plan)
@@ -123,12 +147,13 @@ def choices_from_plan(plan: Any, topo: Topology) -> tuple[dict[str, Choice], Glo
             )
         else:
             raise UserError(
-                f"{plan.source}: table {t.name!r}: sharding type {st!r} is not priced by the optimizer"
+                f"{plan.source}: table {t.name!r}: sharding type {st!r} "
+                "is not priced by the optimizer"
             )
         out[t.name] = ch
-    g = Globals(
+    plan_wide = PlanWide(
         forward=plan.comm_precision.forward,
         backward=plan.comm_precision.backward,
         pipeline=plan.pipeline,
     )
-    return out, g
+    return out, plan_wide

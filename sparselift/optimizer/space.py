@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparselift.optimizer.stats import TableStats
+from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 
 DP, TW, RW, CW, TWRW = "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise"
@@ -29,8 +29,19 @@ MIN_CW_COLS = 16
 LOCATED = {DP: "all", RW: "all", TW: "rank", CW: "rank", TWRW: "host"}
 
 
+@dataclass(frozen=True)
+class PlanWide:
+    """The plan-wide decisions: collective precision (forward / backward) and train pipeline."""
+
+    forward: str = "fp32"
+    backward: str = "fp32"
+    pipeline: str = "base"
+
+
 @dataclass(frozen=True, order=True)
 class OptionClass:
+    """One way to run a table, without its ranks: sharding type, kernel, shards, cache size."""
+
     sharding_type: str
     kernel: str
     shards: int = 1  # CW: column shards (on distinct ranks); TW / TWRW: 1; DP / RW: world size
@@ -38,10 +49,12 @@ class OptionClass:
 
     @property
     def located(self) -> str:
+        """Where its shards live: "all", "rank" or "host" (see LOCATED)."""
         return LOCATED[self.sharding_type]
 
     @property
     def label(self) -> str:
+        """A short name: type/kernel[/shards][/clf<factor>]."""
         s = f"{self.sharding_type}/{self.kernel}"
         if self.sharding_type == CW:
             s += f"/{self.shards}"
@@ -59,17 +72,34 @@ class Choice:
     host: int | None = None
 
     def plan_ranks(self, topo: Topology) -> list[int]:
+        """The ranks the plan file lists for it: every rank (DP, RW), the host's (TWRW) or the
+        shards' (TW, CW).
+
+        Raises:
+            ValueError: a table-row-wise choice without a host.
+        """
         if self.cls.sharding_type == DP:
             return list(range(topo.world_size))
         if self.cls.sharding_type == RW:
             return list(range(topo.world_size))
         if self.cls.sharding_type == TWRW:
+            if self.host is None:
+                raise ValueError(f"a {TWRW} choice needs a host")
             lo = self.host * topo.local_world_size
             return list(range(lo, lo + topo.local_world_size))
         return list(self.ranks)
 
 
 def enumerate_classes(t: TableStats, topo: Topology, batch_size: int) -> list[OptionClass]:
+    """Every class table `t` can run as on `topo` (see the module for what is pruned), sorted.
+
+    Args:
+        t: the table.
+        topo: the target topology.
+        batch_size: samples per rank (unused today: no class depends on it).
+    Returns:
+        The classes; memory is not checked here (`feasibility`).
+    """
     w, gpu = topo.world_size, topo.device == "cuda"
     cap = topo.usable(topo.hbm_bytes) if gpu else 0
     big = gpu and topo.has_uvm and t.num_embeddings * t.embedding_dim * 4 >= 0.02 * cap

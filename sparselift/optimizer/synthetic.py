@@ -1,15 +1,18 @@
-"""Synthetic DLRM-like table sets for planning benchmarks and tests (no training: only statistics)."""
+"""Synthetic DLRM-like table sets for planning benchmarks and tests (statistics only, no
+training), as table statistics or as a workload spec for `sparselift optimize --workload`."""
 
 from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
-from sparselift.optimizer.stats import TableStats
+from sparselift.optimizer.table_stats import TableStats
 
 
 def synthetic_stats(n_tables: int, seed: int = 0, max_rows: int = 20_000_000) -> list[TableStats]:
-    """Rows log-uniform in [1e3, max_rows], dims 32–256, pooling log-uniform 1–60, Zipf 0.8–1.3."""
+    """`n_tables` tables drawn with `seed`: rows log-uniform in [1e3, max_rows], dims 32–256,
+    pooling log-uniform 1–60, Zipf 0.8–1.3; one feature each."""
     rng = random.Random(seed)
     out = []
     for i in range(n_tables):
@@ -25,3 +28,30 @@ def synthetic_stats(n_tables: int, seed: int = 0, max_rows: int = 20_000_000) ->
             )
         )
     return out
+
+
+def synthetic_workload(
+    n_tables: int, seed: int = 0, max_rows: int = 20_000_000, batch_size: int = 512
+) -> dict[str, Any]:
+    """A workload spec (the JSON `--workload FILE` reads) whose tables are `synthetic_stats`'s,
+    with Poisson pooling, under a small concat-MLP model (the dims are mixed); for what-if
+    planning, too large to train here."""
+    return {
+        "name": f"synthetic-{n_tables}",
+        "description": f"{n_tables} synthetic tables (seed {seed}), for planning benchmarks",
+        "batch_size": batch_size,
+        "dense_in_features": 13,
+        "model": {"arch": "concat-mlp", "dense_arch": [64], "over_arch": [64, 1]},
+        "tables": [
+            {
+                "name": s.name,
+                "num_embeddings": s.num_embeddings,
+                "embedding_dim": s.embedding_dim,
+                "pooling_factor": s.ids_per_sample,
+                "pooling": "poisson",
+                "zipf_alpha": s.zipf_alpha,
+                "feature_names": list(s.feature_names),
+            }
+            for s in synthetic_stats(n_tables, seed, max_rows)
+        ],
+    }

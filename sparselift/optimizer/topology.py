@@ -48,22 +48,32 @@ class Topology:
 
     @property
     def num_hosts(self) -> int:
+        """Hosts: world_size / local_world_size."""
         return self.world_size // self.local_world_size
 
     def host_of(self, rank: int) -> int:
+        """The host `rank` sits on."""
         return rank // self.local_world_size
 
     def usable(self, capacity: int) -> int:
+        """Bytes of `capacity` the tables may use (the reserve kept free)."""
         return int(capacity * (1.0 - self.memory_reserve_fraction))
 
     @property
     def has_uvm(self) -> bool:
+        """Whether UVM caching exists: CUDA with a host-memory read bandwidth."""
         return self.device == "cuda" and self.hbm_to_ddr_bw > 0
 
     def to_dict(self) -> dict[str, Any]:
+        """The topology file's content."""
         return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
 
     def validate(self, where: str = "topology") -> Topology:
+        """Check the values; returns self.
+
+        Raises:
+            UserError: a value is out of range (the message starts with `where`).
+        """
         if self.world_size < 1 or self.local_world_size < 1:
             raise UserError(f"{where}: world_size and local_world_size must be positive")
         if self.world_size % self.local_world_size:
@@ -157,8 +167,8 @@ def _gpu_host(
 
 PRESETS = {
     "cpu-gloo": _cpu_gloo,
-    "h100x8": lambda w, l: _gpu_host("h100x8", 80 * 10**9, 3.35e12, w, l),
-    "h200x8": lambda w, l: _gpu_host("h200x8", 141 * 10**9, 4.8e12, w, l),
+    "h100x8": lambda w, local: _gpu_host("h100x8", 80 * 10**9, 3.35e12, w, local),
+    "h200x8": lambda w, local: _gpu_host("h200x8", 141 * 10**9, 4.8e12, w, local),
 }
 GPU_PRESETS = {"H100": "h100x8", "H200": "h200x8"}  # a profile's CUDA device name → its host preset
 
@@ -190,7 +200,8 @@ def profiled_topology(
     if name is None:
         raise UserError(
             f"{where}: profiled on CUDA ({gpu or 'GPU model not recorded'}), which no preset "
-            f"describes: say which with --device ({', '.join(GPU_PRESETS.values())}) or --topology FILE"
+            f"describes: say which with --device ({', '.join(GPU_PRESETS.values())}) "
+            "or --topology FILE"
         )
     return preset(name, world, local_world_size)
 

@@ -20,6 +20,8 @@ from sparselift.workloads.spec import WorkloadSpec
 
 @dataclass(frozen=True)
 class TableStats:
+    """One table's sizes and access statistics (frozen: a cache key of the cost model)."""
+
     name: str
     num_embeddings: int
     embedding_dim: int
@@ -30,7 +32,9 @@ class TableStats:
     feature_names: tuple[str, ...] = ()
 
     def hot_share(self, fraction: float) -> float:
-        """Share of accesses that hit the hottest `fraction` of rows (what a cache of that size catches)."""
+        """Share of accesses that hit the hottest `fraction` of rows (what a cache of that size
+        catches): a power law through the measured top-1 % and top-10 % shares where both were
+        measured, else the Zipf law of `zipf_alpha`."""
         fraction = min(max(fraction, 0.0), 1.0)
         if fraction >= 1.0:
             return 1.0
@@ -46,6 +50,11 @@ class TableStats:
 
 
 def stats_from_spec(spec: WorkloadSpec) -> list[TableStats]:
+    """The tables of a workload spec, as its generator draws them (what-if planning).
+
+    Raises:
+        UserError: the workload has no tables.
+    """
     if not spec.tables:
         raise UserError(f"{spec.source or spec.name}: the workload has no tables")
     return [
@@ -85,7 +94,7 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
         batch = float(g["batch_size"].median())
         ids_per_sample = float(g["ids"].mean()) / max(batch, 1.0)
 
-        def col(c: str) -> float | None:
+        def col(c: str, g: pd.DataFrame = g) -> float | None:
             return float(g[c].mean()) if c in g and g[c].notna().any() else None
 
         out.append(

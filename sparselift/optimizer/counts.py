@@ -1,0 +1,181 @@
+"""Resource counts: what one rank does for one shard of a table under an option, before any
+coefficient (bytes moved inside and between hosts, lookup work, memory).
+
+The cost model multiplies these by the coefficients; counting apart from pricing lets a changed
+coefficient re-price cached counts without counting again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES, expected_unique, lookup_work
+from sparselift.optimizer.space import CW, DENSE, DP, RW, TW, TWRW, UVM_CACHING, OptionClass
+from sparselift.optimizer.table_stats import TableStats
+from sparselift.optimizer.topology import Topology
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What one rank does for one shard of a table, before any coefficient."""
+
+    ids_intra: float = 0.0  # input_dist bytes moved inside the host
+    ids_inter: float = 0.0
+    lookup_x: float = 0.0  # ids·dim gathered (fwd) and scattered (bwd)
+    fwd_work: float = 0.0  # lookup work units (`sparselift.kernels.lookup_work`), forward
+    bwd_work: float = 0.0  # … backward + fused optimizer
+    miss_x: float = 0.0  # ids·dim served from host memory (UVM cache misses)
+    out_fwd_intra: float = 0.0  # fp32 bytes of pooled embeddings sent
+    out_fwd_inter: float = 0.0
+    out_bwd_intra: float = 0.0
+    out_bwd_inter: float = 0.0
+    dense_grad_x: float = 0.0  # elements a whole-table optimizer pass touches
+    ar_intra: float = 0.0  # data-parallel allreduce bytes
+    ar_inter: float = 0.0
+    hbm: float = 0.0
+    ddr: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClassCounts:
+    """A table option's counts by where a rank sits (see `Terms`, which prices them)."""
+
+    located: str
+    shards: int
+    own: Counts
+    remote_intra: Counts
+    remote_inter: Counts
+
+
+def class_counts(topo: Topology, batch_size: int, t: TableStats, c: OptionClass) -> ClassCounts:
+    """What table `t` under option class `c` makes a rank do, by where the rank sits.
+
+    Args:
+        topo: the target topology.
+        batch_size: samples per rank.
+        t: the table's statistics.
+        c: the option class.
+    Returns:
+        Counts for a rank holding a shard ("own"), one on the same host ("remote_intra") and one
+        on another host ("remote_inter").
+    Raises:
+        ValueError: an unknown sharding type, or a UVM-cached class without a load factor.
+    """
+    B = batch_size
+    W, L = topo.world_size, topo.local_world_size
+    N, d, p = t.num_embeddings, t.embedding_dim, t.ids_per_sample
+    nf = max(1, len(t.feature_names))
+    idb = B * (p * ID_BYTES + nf * LENGTH_BYTES)  # one rank's ids for this table, to one shard
+    gpu = topo.device == "cuda"
+    if c.kernel == UVM_CACHING and c.cache_load_factor is None:
+        raise ValueError(f"{c.label}: a UVM-cached class needs a cache load factor")
+    cache_share = c.cache_load_factor or 0.0
+
+    def memory(rows: float, cols: float) -> tuple[float, float, float]:
+        """(hbm, ddr, dense_grad_x) of `rows`×`cols` weights under this kernel."""
+        weights, state = rows * cols * FLOAT_BYTES, rows * FLOAT_BYTES
+        grad = rows * cols * FLOAT_BYTES if c.kernel == DENSE else 0.0
+        dense_x = rows * cols if c.kernel == DENSE else 0.0
+        if c.kernel == UVM_CACHING:
+            return cache_share * weights, weights + state, 0.0
+        total = weights + state + grad
+        return (total, 0.0, dense_x) if gpu else (0.0, total, dense_x)
+
+    def miss(lookup_x: float) -> float:
+        if c.kernel != UVM_CACHING:
+            return 0.0
+        return lookup_x * (1.0 - t.hot_share(cache_share))
+
+    def unique(draws: float) -> float:
+        return expected_unique(N, t.zipf_alpha, draws)
+
+    def work(ids: float, uniq: float, cols: float, bags: float = W * B) -> dict[str, float]:
+        dev = topo.device
+        return dict(
+            fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols, bags * cols),
+            bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols, bags * cols),
+        )
+
+    zero = Counts()
+    if c.sharding_type == DP:
+        hbm, ddr, _ = memory(N, d)
+        ring = 2.0 * (W - 1) / W * N * d * FLOAT_BYTES
+        grad = N * d * FLOAT_BYTES
+        own = Counts(
+            lookup_x=B * p * d,
+            dense_grad_x=N * d,
+            **work(B * p, unique(B * p), d, B),
+            ar_intra=ring if topo.num_hosts == 1 else 0.0,
+            ar_inter=ring if topo.num_hosts > 1 else 0.0,
+            hbm=hbm + (grad if gpu else 0.0),
+            ddr=ddr + (0.0 if gpu else grad),
+        )
+        return ClassCounts("all", W, own, zero, zero)
+    if c.sharding_type in (TW, CW):
+        cols = d / c.shards
+        hbm, ddr, dense_x = memory(N, cols)
+        lx = W * B * p * cols
+        out = B * cols * FLOAT_BYTES
+        # the shard's rank receives every other rank's ids and gradients: with ids spread over
+        # many owners, the receiving side is where an all-to-all is unbalanced
+        own = Counts(
+            lookup_x=lx,
+            miss_x=miss(lx),
+            ids_intra=(L - 1) * idb,
+            ids_inter=(W - L) * idb,
+            out_fwd_intra=(L - 1) * out,
+            out_fwd_inter=(W - L) * out,
+            out_bwd_intra=(L - 1) * out,
+            out_bwd_inter=(W - L) * out,
+            dense_grad_x=dense_x,
+            hbm=hbm,
+            ddr=ddr,
+            **work(W * B * p, unique(W * B * p), cols),
+        )
+        return ClassCounts("rank", c.shards, own, zero, zero)
+    if c.sharding_type == RW:
+        hbm, ddr, dense_x = memory(N / W, d)
+        out = B * d * FLOAT_BYTES
+        lx = B * p * d
+        own = Counts(
+            ids_intra=idb * (L - 1) / W,
+            ids_inter=idb * (W - L) / W,
+            lookup_x=lx,
+            miss_x=miss(lx),
+            out_fwd_intra=(L - 1) * out,
+            out_fwd_inter=(W - L) * out,
+            out_bwd_intra=(L - 1) * out,
+            out_bwd_inter=(W - L) * out,
+            dense_grad_x=dense_x,
+            hbm=hbm,
+            ddr=ddr,
+            **work(B * p, unique(W * B * p) / W, d),
+        )
+        if not gpu:  # gloo has no reduce-scatter: a ring all-reduce of the whole W·B·d output
+            own = replace(
+                own,
+                out_fwd_intra=2.0 * (W - 1) / W * W * out if topo.num_hosts == 1 else 0.0,
+                out_fwd_inter=2.0 * (W - 1) / W * W * out if topo.num_hosts > 1 else 0.0,
+            )
+        return ClassCounts("all", W, own, zero, zero)
+    if c.sharding_type == TWRW:
+        hbm, ddr, dense_x = memory(N / L, d)
+        out = B * d * FLOAT_BYTES
+        lx = W * B * p * d / L
+        fwd_intra, fwd_inter = W * out * (L - 1) / L, (W - L) * out / L
+        own = Counts(
+            ids_intra=idb * (L - 1) / L,
+            lookup_x=lx,
+            miss_x=miss(lx),
+            **work(W * B * p / L, unique(W * B * p) / L, d),
+            out_fwd_intra=fwd_intra,
+            out_fwd_inter=fwd_inter,
+            out_bwd_intra=fwd_intra,
+            out_bwd_inter=0.0,
+            dense_grad_x=dense_x,
+            hbm=hbm,
+            ddr=ddr,
+        )
+        remote = Counts(ids_inter=idb, out_bwd_inter=out)
+        return ClassCounts("host", 1, own, remote, remote)
+    raise ValueError(f"unknown sharding type {c.sharding_type}")
