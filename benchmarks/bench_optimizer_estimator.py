@@ -37,7 +37,7 @@ import time
 import pandas as pd
 
 from sparselift import plans
-from sparselift.optimizer.calibration import coefficients
+from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.cost_model import PHASES, CostModel
 from sparselift.optimizer.optimize import Inputs, optimize
 from sparselift.optimizer.space import TW, OptionClass

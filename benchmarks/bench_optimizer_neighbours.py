@@ -26,7 +26,7 @@ from cli_steps import plan_from_profile
 
 from sparselift import plans
 from sparselift.bench import Contender, run_bench
-from sparselift.optimizer.calibration import coefficients, load_calibration
+from sparselift.optimizer.coefficients import coefficients, load_calibration
 from sparselift.optimizer.cost_model import PHASES, CostModel
 from sparselift.optimizer.planio import choices_from_plan, to_plan
 from sparselift.optimizer.space import Choice, enumerate_classes

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from sparselift.optimizer.calibration import coefficients
+from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.optimize import Inputs, optimize
 from sparselift.optimizer.synthetic import synthetic_stats
 from sparselift.optimizer.topology import preset

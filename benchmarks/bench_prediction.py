@@ -11,7 +11,7 @@ the profiled one (fastest step, slowest rank's ProfilerStep: robust on a shared 
 the trace calibrates; the median is printed too. Every plan is profiled --repeats times in
 interleaved passes and the pass with the fastest step counts, since a host can slow down a whole
 pass. The predictor is the optimizer's own cost model
-(`sparselift.optimizer.cost_model.predict_plan`, what the CP-SAT solver minimizes), so this
+(`sparselift.optimizer.predict.predict_plan`, what the CP-SAT solver minimizes), so this
 validates the model plans are chosen by.
 """
 

@@ -3,7 +3,7 @@
 This module owns the file: its format name and version, the dataclasses it holds (`Calibration`,
 one `OpFit` per op kind, `Provenance`) and the checks made when it is read. The analysis builds a
 `Calibration` (`sparselift.analysis.fit.calibrate`) and saves it; the optimizer loads it and lays
-its fits over a topology preset (`sparselift.optimizer.calibration.coefficients`). The fields'
+its fits over a topology preset (`sparselift.optimizer.coefficients.coefficients`). The fields'
 meaning and units are in docs/CONTRACTS.md.
 
 Only the fields a reader needs are required: fields that are absent read as their "not measured"

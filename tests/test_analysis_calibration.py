@@ -11,7 +11,7 @@ from sparselift.analysis.fit import _fit_calls, dp_allreduce_fit, sync_wait
 from sparselift.analysis.pipeline import analyze, write_outputs
 from sparselift.calibration import FORMAT, UNITS, Calibration, OpFit
 from sparselift.errors import UserError
-from sparselift.optimizer.calibration import coefficients, load_calibration
+from sparselift.optimizer.coefficients import coefficients, load_calibration
 from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.table_stats import stats_from_profile
 from sparselift.optimizer.topology import preset

@@ -198,14 +198,7 @@ def _all_cases() -> dict[str, tuple[str, str]]:
     return cases
 
 
-# Cases that fail in code outside this test's reach today; each reason says what to fix.
-WRITES_FIRST = "analyze: the four outputs are written before --html is refused (check it first)"
-KNOWN = {
-    "analyze-out-file-parent": "analyze: write_outputs says 'cannot create output directory (Not "
-    "a directory)', not 'cannot write <path>: <parent> is not a directory'",
-    "analyze-html-file-parent": WRITES_FIRST,
-    "analyze-html-no-parent": WRITES_FIRST,
-}
+KNOWN: dict[str, str] = {}  # cases that fail today, with what to fix; none now
 
 
 def _spec(**table_changes: object) -> dict:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sparselift.kernels import expected_unique, lookup_work
-from sparselift.optimizer.calibration import coefficients
+from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.topology import preset
 from sparselift.workloads.batches import zipf_ranks
 

@@ -8,7 +8,7 @@ import pytest
 
 from sparselift import plans
 from sparselift.kernels import zipf_share
-from sparselift.optimizer.calibration import Linear, coefficients
+from sparselift.optimizer.coefficients import Linear, coefficients
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.planio import fingerprints, plan_topology
 from sparselift.optimizer.predict import predict_plan

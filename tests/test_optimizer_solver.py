@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from sparselift.optimizer.calibration import Linear, coefficients
+from sparselift.optimizer.coefficients import Linear, coefficients
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.optimize import Inputs, choose_precision, feasible_classes, optimize
 from sparselift.optimizer.problem import Problem

@@ -18,7 +18,7 @@ from sparselift.analysis.names import SPARSE_STAGES
 from sparselift.analysis.profile import load_profile
 from sparselift.analysis.reconstruct import build_graph
 from sparselift.analysis.summary import critical_path, summarize
-from sparselift.atomic import parquet_bytes, write_bytes
+from sparselift.atomic import file_in_the_way, parquet_bytes, write_bytes
 from sparselift.calibration import Calibration
 from sparselift.errors import UserError
 
@@ -94,6 +94,18 @@ def analyze(
     )
 
 
+def check_output_dir(out: Path) -> None:
+    """Refuse an output directory that cannot be created, before any work is done.
+
+    Raises:
+        UserError: "cannot write <out>: <file> is not a directory" when `out` or one of its
+            ancestors is a regular file.
+    """
+    blocking = out if out.exists() and not out.is_dir() else file_in_the_way(out)
+    if blocking is not None:
+        raise UserError(f"cannot write {out}: {blocking} is not a directory")
+
+
 def write_outputs(a: Analysis, out: Path) -> None:
     """Write the four OUTPUTS of `a` into directory `out`, each atomically.
 
@@ -115,6 +127,7 @@ def write_outputs(a: Analysis, out: Path) -> None:
         )
     }
     blobs["calibration.json"] = a.calibration.to_bytes()
+    check_output_dir(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -129,13 +129,16 @@ def rank_nodes(tr: Trace, rank: int) -> RankNodes:
     coll["launch_ts"] = [
         main.at[i, "ts"] if i >= 0 else t for i, t in zip(coll["launch"], coll["ts"], strict=True)
     ]
+    # (name, cat, stage, phase, module, sharding) per main-thread event, read once: per-cell
+    # DataFrame access in the per-segment loop below is what made reconstruction slow
+    labels = list(zip(*(main[c].tolist() for c in ("name", "cat", *CONTEXT)), strict=True))
     rows = []
     for st in steps.itertuples():
         segs = self_segments(main, st.start_us, st.end_us)
         in_step = (coll["launch_ts"] >= st.start_us) & (coll["launch_ts"] < st.end_us)
         c = coll[in_step].sort_values("launch_ts")
         thread_name = f"{thread.pid}/{thread.tid}"
-        rows += _main_rows(main, segs, c, rank, st.step, thread_name, tr.is_cuda)
+        rows += _main_rows(labels, segs, c, rank, st.step, thread_name, tr.is_cuda)
         for k, r in enumerate(c.itertuples()):
             rows.append(
                 dict(
@@ -241,7 +244,7 @@ def fill_modules(nodes: pd.DataFrame) -> pd.DataFrame:
 
 
 def _main_rows(
-    main: pd.DataFrame,
+    labels: list[tuple[Any, ...]],
     segs: pd.DataFrame,
     coll: pd.DataFrame,
     rank: int,
@@ -250,6 +253,8 @@ def _main_rows(
     cuda: bool = False,
 ) -> list[dict[str, Any]]:
     """Label each self-time segment, split at collective boundaries, then sum per label.
+
+    `labels[i]` is main-thread event i's (name, cat, stage, phase, module, sharding).
 
     On CPU (gloo) the Python thread blocks inside annotations and c10d ops while a collective runs;
     on CUDA it runs ahead of the device and only waits in explicit waits / synchronizations.
@@ -261,12 +266,18 @@ def _main_rows(
     )
     acc: dict[tuple[Any, ...], dict[str, float]] = {}
     cstart, cend = coll["ts"].values, coll["end"].values
+    wait_keys = list(
+        zip(
+            *(coll[c].tolist() for c in ("kind", "stage", "phase", "module", "sharding")),
+            strict=True,
+        )
+    )
     for a, b, i in zip(segs["start"], segs["end"], segs["event"], strict=True):
         inner = cuts[(cuts > a) & (cuts < b)]
         bounds = [a, *inner, b]
         if i >= 0:
-            name, cat = main.at[i, "name"], main.at[i, "cat"]
-            stage, phase, mod, sh = (_none(main.at[i, c]) for c in CONTEXT)
+            name, cat, *context = labels[i]
+            stage, phase, mod, sh = (_none(v) for v in context)
             waitable = bool(names.WAIT.search(name)) or (
                 not cuda and (cat == "user_annotation" or bool(names.C10D.search(name)))
             )
@@ -276,16 +287,8 @@ def _main_rows(
             mid = (x + y) / 2
             flying = np.nonzero((cstart <= mid) & (cend > mid))[0]
             if waitable and len(flying):
-                c = coll.iloc[flying[0]]
-                key = (
-                    c["kind"],
-                    c["stage"] or "dense",
-                    c["phase"],
-                    c["module"],
-                    c["sharding"],
-                    "wait",
-                    "network",
-                )
+                c_kind, c_stage, c_phase, c_mod, c_sh = wait_keys[flying[0]]
+                key = (c_kind, c_stage or "dense", c_phase, c_mod, c_sh, "wait", "network")
             elif i < 0:
                 key = ("idle", "idle", "other", None, None, "idle", "idle")
             elif stage is not None:

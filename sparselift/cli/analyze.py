@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 
 from sparselift.analysis.findings import key_findings
-from sparselift.analysis.pipeline import OUTPUTS, analyze, write_outputs
+from sparselift.analysis.pipeline import OUTPUTS, analyze, check_output_dir, write_outputs
 from sparselift.analysis.summary import format_summary
+from sparselift.atomic import check_writable
 from sparselift.calibration import Calibration
 
 
@@ -45,8 +46,11 @@ def run_analyze(args: argparse.Namespace) -> int:
     Raises:
         UserError: bad profile directory or unwritable output (exit 2, nothing written).
     """
-    a = analyze(args.dir, cache=not args.no_cache, progress=lambda line: print(line, flush=True))
     out = Path(args.out or args.dir)
+    check_output_dir(out)
+    if args.html:
+        check_writable(args.html)
+    a = analyze(args.dir, cache=not args.no_cache, progress=lambda line: print(line, flush=True))
     write_outputs(a, out)
     print(key_findings(a.summary, a.critical_path, a.nodes))
     print(format_summary(a.summary, a.critical_path))

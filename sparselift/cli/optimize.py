@@ -92,7 +92,11 @@ def register(sub: Any) -> None:
 def _inputs(args: argparse.Namespace) -> Inputs:
     """Statistics, topology, batch size and coefficients from the flags (a profile or a
     workload spec)."""
-    from sparselift.optimizer.calibration import coefficients, dense_step_estimate, load_calibration
+    from sparselift.optimizer.coefficients import (
+        coefficients,
+        dense_step_estimate,
+        load_calibration,
+    )
     from sparselift.optimizer.optimize import Inputs
     from sparselift.optimizer.table_stats import stats_from_profile, stats_from_spec
     from sparselift.optimizer.topology import load_topology, profiled_topology

@@ -35,7 +35,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES
-from sparselift.optimizer.calibration import Coefficients
+from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.counts import ClassCounts, Counts, class_counts
 from sparselift.optimizer.space import DP, Choice, OptionClass, PlanWide
 from sparselift.optimizer.table_stats import TableStats

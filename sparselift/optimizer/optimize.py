@@ -11,7 +11,7 @@ from typing import Any
 
 from sparselift import plans
 from sparselift.errors import UserError
-from sparselift.optimizer.calibration import Coefficients
+from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import CostModel, PlanCost
 from sparselift.optimizer.feasibility import feasible_classes
 from sparselift.optimizer.planio import choices_from_plan, to_plan

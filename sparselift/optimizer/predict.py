@@ -9,7 +9,7 @@ from typing import Any
 from sparselift import plans
 from sparselift.calibration import Calibration
 from sparselift.errors import UserError
-from sparselift.optimizer.calibration import Coefficients, coefficients
+from sparselift.optimizer.coefficients import Coefficients, coefficients
 from sparselift.optimizer.cost_model import CostModel, PlanCost
 from sparselift.optimizer.planio import choices_from_plan
 from sparselift.optimizer.table_stats import TableStats

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sparselift.optimizer.calibration import Coefficients
+from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import CostModel, RankLoad, Terms, sum_rank_loads
 from sparselift.optimizer.space import Choice, OptionClass, PlanWide
 from sparselift.optimizer.table_stats import TableStats
