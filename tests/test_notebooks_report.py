@@ -12,6 +12,9 @@ from browser import render
 from conftest import ROOT
 from nbclient import NotebookClient
 
+# Each test runs `sparselift` in subprocesses, a Jupyter kernel or a headless browser.
+pytestmark = pytest.mark.slow
+
 
 def sparselift(*args) -> None:
     subprocess.run(

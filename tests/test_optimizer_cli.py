@@ -143,6 +143,7 @@ def test_a_cuda_profile_is_planned_for_its_gpu_not_for_a_cpu(tmp_path, capsys, g
         )
 
 
+@pytest.mark.slow
 def test_plan_loads_and_trains(tmp_path):
     from sparselift.workloads.harness import TrainConfig, run_training
 
