@@ -105,14 +105,9 @@ def _host_memory_bytes() -> int:
 
 
 def _cpu_gloo(world_size: int, local_world_size: int) -> Topology:
-    # Defaults measured on a small CPU host with gloo over shared memory (raw all-to-all ~0.4 ns a
-    # byte; TorchRec's distribution calls around it in kernels.CPU_CALL_S / CPU_DIST_B_S); the
-    # calibration of a profile replaces the lookup/collective rates (see coefficients.py). fp16
-    # conversion costs more than the bytes it saves on local shared memory. The sparse-dist
-    # pipeline runs the next batch's input_dist on gloo's thread beside this step's compute:
-    # measured, it hides about all of it (multihot-26: 123 → 112 ms a step) for ~1.5 ms of
-    # bookkeeping a step (tiny: no gain from its ~1.6 ms input_dist), so it pays only where
-    # input_dist is large.
+    # Defaults for a small CPU host with gloo over shared memory; a profile's calibration replaces
+    # the lookup and collective rates (coefficients.py). Where each figure comes from, and which are
+    # assumed, is in benchmarks/README.md ("cpu-gloo preset").
     return Topology(
         world_size=world_size,
         local_world_size=local_world_size,
