@@ -89,6 +89,13 @@ analyze-out-is-file | analyze {prof} --out {blocker} | {blocker}
 analyze-html-file-parent | analyze {prof} --out {tmp}/o --html {blocker}/r.html | {blocker} $NOTDIR
 analyze-html-no-parent | analyze {prof} --out {tmp}/o --html {tmp}/no/r.html | $CW {tmp}/no/r.html
 
+compare-baseline-missing | compare {tmp}/noprofile {prof} | noprofile
+compare-candidate-is-file | compare {prof} {blocker} | {blocker}
+compare-manifest-malformed | compare {prof} {badmanifest} | malformed JSON
+compare-confidence-one | compare {prof} {prof} --confidence 1 | --confidence
+compare-confidence-nan | compare {prof} {prof} --confidence nan | --confidence
+compare-json-file-parent | compare {prof} {prof} --json {blocker}/v.json | {blocker} $NOTDIR
+
 optimize-workload-huge-rows | $OPT --workload {huge} $OUT | {huge}: table 't2'
 optimize-workload-missing | $OPT --workload {tmp}/nope.json $OUT | nope.json
 optimize-workload-malformed | $OPT --workload {malformed} $OUT | malformed JSON

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "sparselift.cli.train",
     "sparselift.cli.profile",
     "sparselift.cli.analyze",
+    "sparselift.cli.compare",
     "sparselift.cli.optimize",
     "sparselift.cli.plan",
     "sparselift.cli.bench",

@@ -1,0 +1,188 @@
+"""Is the candidate faster? A verdict on two profiles of the same job, with a confidence interval.
+
+A plan is worth shipping only when it is *measured* faster, and "faster" must survive the noise of
+a shared host. The verdict therefore compares the steady steps of the two profiles (the steps after
+the profiled window, which run as unprofiled steps do; the window's own steps only when a profile
+has none after it) and gives a bootstrap interval of the ratio of their medians. The candidate is
+called faster only when the interval's lower end is above 1.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sparselift.analysis.profile import read_manifest
+from sparselift.errors import UserError
+
+RESAMPLES = 4000  # bootstrap resamples of each profile's steps
+MIN_STEPS = 3  # fewer steady steps than this cannot carry an interval
+
+
+@dataclass(frozen=True)
+class SteadySteps:
+    """One profile's step times (slowest rank per step) that the verdict compares.
+
+    Attributes:
+        profile: the profile directory.
+        steps_s: seconds per step, slowest rank, in step order.
+        where: "after the window" (steady steps) or "in the window" (profiled, inflated).
+    """
+
+    profile: str
+    steps_s: list[float]
+    where: str
+
+    @property
+    def median_s(self) -> float:
+        """The median step time in seconds."""
+        return statistics.median(self.steps_s)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The measured ratio baseline ÷ candidate (above 1: the candidate is faster) and its interval.
+
+    Attributes:
+        baseline, candidate: the steps compared.
+        ratio: median baseline step ÷ median candidate step.
+        low, high: the `confidence` bootstrap interval of `ratio`.
+        confidence: e.g. 0.95.
+    """
+
+    baseline: SteadySteps
+    candidate: SteadySteps
+    ratio: float
+    low: float
+    high: float
+    confidence: float
+
+    @property
+    def candidate_faster(self) -> bool:
+        """True only when the whole interval lies above 1."""
+        return self.low > 1.0
+
+    @property
+    def candidate_slower(self) -> bool:
+        """True when the whole interval lies below 1."""
+        return self.high < 1.0
+
+    def summary(self) -> str:
+        """One line: the ratio, its interval and what it means."""
+        pct = f"{self.confidence:.0%}"
+        what = (
+            "the candidate is measured faster"
+            if self.candidate_faster
+            else "the candidate is measured slower: keep the baseline"
+            if self.candidate_slower
+            else f"no difference measured at {pct}: keep the baseline"
+        )
+        return (
+            f"measured ratio {self.ratio:.3f}x (baseline step / candidate step; {pct} interval "
+            f"{self.low:.3f}-{self.high:.3f}): {what}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able record of the verdict."""
+        return {
+            "format": "sparselift-compare",
+            "version": 1,
+            **asdict(self),
+            "candidate_faster": self.candidate_faster,
+        }
+
+
+def steady_steps(profile: str | Path) -> SteadySteps:
+    """The steady step times of a profile directory, read from its manifest.
+
+    Raises:
+        UserError: not a profile, or fewer than MIN_STEPS steps to compare.
+    """
+    d = Path(profile)
+    m = read_manifest(d)
+    per_rank = m.get("step_times_s") or []
+    warmup, window = int(m.get("warmup", 0)), len(m.get("profiled_steps") or [])
+    if not per_rank or not all(isinstance(r, list) and r for r in per_rank):
+        raise UserError(f"{d / 'manifest.json'}: no step times (step_times_s) to compare")
+    n = min(len(r) for r in per_rank)
+    slowest = [max(float(r[i]) for r in per_rank) for i in range(n)]
+    after = slowest[warmup + window :]
+    if len(after) >= MIN_STEPS:
+        return SteadySteps(str(d), after, "after the window")
+    inside = slowest[warmup : warmup + window]
+    if len(inside) < MIN_STEPS:
+        raise UserError(
+            f"{d}: {len(inside)} profiled and {len(after)} later steps; a comparison needs at "
+            f"least {MIN_STEPS} (profile more --steps or --after)"
+        )
+    return SteadySteps(str(d), inside, "in the window")
+
+
+def check_same_job(baseline: str | Path, candidate: str | Path) -> None:
+    """Refuse two profiles of different jobs: the tables, batch size or world size differ.
+
+    Raises:
+        UserError: one line naming both profiles and the first difference.
+    """
+    a, b = read_manifest(Path(baseline)), read_manifest(Path(candidate))
+
+    def tables(m: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+        return {
+            t["name"]: (
+                t.get("num_embeddings"),
+                t.get("embedding_dim"),
+                tuple(t.get("feature_names") or ()),
+            )
+            for t in m.get("tables") or []
+        }
+
+    ta, tb = tables(a), tables(b)
+    diff = None
+    for key in ("workload", "world_size", "batch_size"):
+        if a.get(key) != b.get(key):
+            diff = f"{key} {a.get(key)!r} vs {b.get(key)!r}"
+            break
+    if diff is None and set(ta) != set(tb):
+        only = sorted(set(ta) ^ set(tb))[0]
+        diff = f"table {only!r} is in only one of them"
+    if diff is None:
+        name = next((n for n in sorted(ta) if ta[n] != tb[n]), None)
+        if name is not None:
+            diff = f"table {name!r}: (rows, dim, features) {ta[name]} vs {tb[name]}"
+    if diff is not None:
+        raise UserError(f"{baseline} and {candidate} are profiles of different jobs: {diff}")
+
+
+def compare_profiles(
+    baseline: str | Path, candidate: str | Path, confidence: float = 0.95, seed: int = 0
+) -> Verdict:
+    """The verdict on `candidate` against `baseline`, two profiles of the same job.
+
+    The interval resamples each profile's steps with replacement (RESAMPLES times, a fixed seed,
+    so the same profiles give the same verdict) and takes the ratio of the medians.
+
+    Raises:
+        UserError: different jobs, too few steps, or a confidence outside (0, 1).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise UserError(f"--confidence must be between 0 and 1, got {confidence}")
+    check_same_job(baseline, candidate)
+    base, cand = steady_steps(baseline), steady_steps(candidate)
+    rng = np.random.default_rng(seed)
+    xb, xc = np.array(base.steps_s), np.array(cand.steps_s)
+    mb = np.median(rng.choice(xb, size=(RESAMPLES, len(xb))), axis=1)
+    mc = np.median(rng.choice(xc, size=(RESAMPLES, len(xc))), axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(mb / mc, [tail, 1.0 - tail])
+    return Verdict(
+        baseline=base,
+        candidate=cand,
+        ratio=base.median_s / cand.median_s,
+        low=float(low),
+        high=float(high),
+        confidence=confidence,
+    )

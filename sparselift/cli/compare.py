@@ -1,0 +1,48 @@
+"""`sparselift compare BASELINE_PROFILE CANDIDATE_PROFILE`: is the candidate measured faster?"""
+
+from __future__ import annotations
+
+import argparse
+
+from sparselift.analysis.compare import compare_profiles
+from sparselift.atomic import check_writable, write_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `compare` to the `sparselift` sub-commands."""
+    p = sub.add_parser(
+        "compare",
+        help="measured verdict on two profiles of the same job (baseline vs candidate plan)",
+    )
+    p.add_argument("baseline", metavar="BASELINE_PROFILE", help="profile of the baseline plan")
+    p.add_argument("candidate", metavar="CANDIDATE_PROFILE", help="profile of the candidate plan")
+    p.add_argument(
+        "--confidence", type=float, default=0.95, help="of the ratio's interval (default 0.95)"
+    )
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the verdict as JSON")
+    p.set_defaults(run=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """Print both profiles' steady step times and the verdict; 0 whatever the verdict.
+
+    Raises:
+        UserError: profiles of different jobs, too few steps, or an unwritable --json.
+    """
+    if args.json:
+        check_writable(args.json)
+    v = compare_profiles(args.baseline, args.candidate, confidence=args.confidence)
+    for label, s in (("baseline", v.baseline), ("candidate", v.candidate)):
+        print(
+            f"{label:9s} {s.profile}: {s.median_s * 1e3:.2f} ms/step (median of {len(s.steps_s)} "
+            f"steps {s.where}, slowest rank)"
+        )
+    if "in the window" in (v.baseline.where, v.candidate.where):
+        print(
+            "note: steps inside the profiled window run slower than steady steps; "
+            "profile with --after N to compare steady steps"
+        )
+    print(v.summary())
+    if args.json:
+        write_json(args.json, v.to_json())
+    return 0
