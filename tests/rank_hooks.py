@@ -42,3 +42,26 @@ class ShardingTypes:
                     "ranks": ps.ranks,
                 }
         return {"tables": out, "device": str(self.ctx.device), "world_size": self.ctx.world_size}
+
+
+class SlowPlan:
+    """Sleep before every step of the run whose plan file is named `plan_name` (a test-only
+    slowdown: it makes that plan measure slower, whatever its sharding)."""
+
+    def __init__(self, ctx, plan_name: str, delay_s: float = 0.05) -> None:
+        from pathlib import Path
+
+        self.slow = ctx.cfg.plan is not None and Path(ctx.cfg.plan).name == plan_name
+        self.delay_s = delay_s
+
+    def step_begin(self, step: int) -> None:
+        if self.slow:
+            import time
+
+            time.sleep(self.delay_s)
+
+    def step_end(self, step: int) -> None:
+        pass
+
+    def finish(self) -> dict:
+        return {}

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "sparselift.cli.optimize",
     "sparselift.cli.plan",
     "sparselift.cli.bench",
+    "sparselift.cli.tune",
 )
 
 

@@ -1,0 +1,261 @@
+"""Close the loop on the harness: plan, measure, re-plan, and ship only what measured faster.
+
+`tune` profiles the baseline plan (TorchRec's, unless one is given), plans from that profile,
+profiles the candidate, re-plans from the candidate's own profile, and so on until the plan is a
+fixed point or the iteration budget is spent. Then it measures candidate and baseline in one
+interleaved A/B run. The candidate is shipped only when the lower end of the interval of the
+measured ratio is above 1: a model's prediction is evidence for trying a plan, not for shipping it.
+
+Each step runs a `sparselift` command in-process (profile, analyze, optimize, plan: the caller
+passes the CLI's entry point, so this module does not import the CLI), so it takes the same
+validation and writes the same files as a user's own commands would; they live in the work
+directory, and nothing is written to `out` until the verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sparselift.analysis.compare import steady_steps
+from sparselift.atomic import write_bytes, write_json
+from sparselift.bench import Contender, run_bench
+from sparselift.errors import UserError
+from sparselift.workloads.harness import TrainConfig
+
+RESAMPLES = 4000  # bootstrap resamples of the A/B rounds
+CONFIDENCE = 0.95
+
+
+class StepFailed(Exception):
+    """A `sparselift` step of the loop failed; its own error line was already printed."""
+
+    def __init__(self, what: str, code: int) -> None:
+        super().__init__(f"{what} failed (exit {code})")
+        self.code = code
+
+
+@dataclass
+class Iteration:
+    """One profiled plan of the loop: what the model predicted for it and what it measured.
+
+    Attributes:
+        plan: the plan file profiled.
+        profile: its profile directory.
+        predicted_step_s: the step `optimize` predicted for it (None for the baseline).
+        measured_step_s: the median steady step of its profile (slowest rank).
+        next_plan: the plan `optimize` made from this profile.
+    """
+
+    plan: str
+    profile: str
+    predicted_step_s: float | None
+    measured_step_s: float
+    next_plan: str
+
+
+@dataclass
+class TuneResult:
+    """What `tune` did and decided.
+
+    Attributes:
+        baseline, candidate: plan files (the candidate is the loop's last plan).
+        iterations: the profiled plans, in order.
+        fixed_point: whether the loop stopped because re-planning gave the same plan.
+        ab_ratios: per interleaved round, candidate steps/s ÷ baseline steps/s (empty without A/B).
+        ratio, low, high: the median per-round ratio and its bootstrap interval (None without A/B).
+        shipped: "candidate" or "baseline".
+        reason: one line saying why.
+    """
+
+    baseline: str
+    candidate: str
+    iterations: list[Iteration] = field(default_factory=list)
+    fixed_point: bool = False
+    ab_ratios: list[float] = field(default_factory=list)
+    ratio: float | None = None
+    low: float | None = None
+    high: float | None = None
+    shipped: str = "baseline"
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able record (`tune.json` in the work directory)."""
+        return {"format": "sparselift-tune", "version": 1, **dataclasses.asdict(self)}
+
+
+def same_sharding(a: str | Path, b: str | Path) -> bool:
+    """Whether two plan files make the same choices (tables, pipeline, comm precision)."""
+    pa, pb = (json.loads(Path(p).read_text()) for p in (a, b))
+    return all(pa.get(k) == pb.get(k) for k in ("tables", "pipeline", "comm_precision"))
+
+
+def ratio_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """(median, low, high) of per-round ratios; the interval bootstraps the rounds (seeded).
+
+    Rounds pair the two plans under the same host state, so each round's own ratio is the unit.
+    """
+    x = np.array(ratios)
+    boot = np.median(np.random.default_rng(seed).choice(x, size=(RESAMPLES, len(x))), axis=1)
+    tail = (1.0 - CONFIDENCE) / 2.0
+    low, high = np.quantile(boot, [tail, 1.0 - tail])
+    return statistics.median(ratios), float(low), float(high)
+
+
+Command = Callable[[list[str]], int]  # `sparselift.cli.main`: argv → exit code
+
+
+def tune(
+    cfg: TrainConfig,
+    out: str | Path,
+    work: str | Path,
+    run_command: Command,
+    *,
+    rounds: int = 3,
+    max_iterations: int = 3,
+    profile_steps: int = 8,
+    after: int = 5,
+    time_limit_s: float = 30.0,
+    baseline: str | None = None,
+    ab_hook: str | None = None,
+    ab_hook_args: dict[str, Any] | None = None,
+    echo: Callable[[str], None] = print,
+) -> TuneResult:
+    """Run the loop and the A/B for `cfg`'s workload and ranks; write the shipped plan to `out`.
+
+    Args:
+        cfg: the training run (workload, ranks, row cap, batch, seed); `cfg.steps` are the A/B's
+            measured steps per run.
+        out: where the shipped plan goes (written once, atomically, after the verdict).
+        work: a directory for the loop's plans, profiles and `tune.json`.
+        run_command: runs one `sparselift` command line (`sparselift.cli.main`).
+        rounds: interleaved A/B rounds.
+        max_iterations: profiles of candidate plans at most (the baseline's is extra).
+        profile_steps, after: profiled steps, and steady steps timed after the window.
+        time_limit_s: `optimize --time-limit`.
+        baseline: a plan file to beat; None: TorchRec's plan for this workload and world size.
+        ab_hook, ab_hook_args: a harness hook for the A/B runs only (tests slow one plan down).
+        echo: where progress and the per-iteration figures go.
+    Returns:
+        The TuneResult (also in `work`/tune.json).
+    Raises:
+        UserError: bad arguments (before anything runs).
+        StepFailed: a step failed (its error already printed); `out` is not touched.
+    """
+    if not 1 <= max_iterations <= 20:
+        raise UserError(f"--max-iterations must be in 1..20, got {max_iterations}")
+    spec = cfg.validate()
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    common = [
+        "--workload",
+        cfg.workload,
+        *(["--max-rows", str(cfg.max_rows)] if cfg.max_rows else []),
+    ]
+    if baseline is None:
+        baseline = str(work / "torchrec.plan.json")
+        _step(
+            "plan from-torchrec",
+            ["plan", "from-torchrec", *common, "--world-size", str(cfg.nproc), "--out", baseline],
+            run_command,
+            echo,
+        )
+    result = TuneResult(baseline=baseline, candidate=baseline)
+    plan, predicted = baseline, None
+    train = [*common, "--nproc", str(cfg.nproc), "--seed", str(cfg.seed), "--device", cfg.device]
+    if cfg.batch_size:
+        train += ["--batch-size", str(cfg.batch_size)]
+    for i in range(max_iterations + 1):
+        prof = str(work / f"profile{i}")
+        _step(
+            f"profile {plan}",
+            [
+                "profile",
+                *train,
+                "--plan",
+                plan,
+                "--steps",
+                str(profile_steps),
+                "--after",
+                str(after),
+                "--out",
+                prof,
+                "--force",
+            ],
+            run_command,
+            echo,
+        )
+        _step(f"analyze {prof}", ["analyze", prof], run_command, echo)
+        nxt = str(work / f"plan{i + 1}.json")
+        _step(
+            f"optimize --profile {prof}",
+            ["optimize", "--profile", prof, "--time-limit", str(time_limit_s), "--out", nxt],
+            run_command,
+            echo,
+        )
+        measured = steady_steps(prof).median_s
+        result.iterations.append(Iteration(plan, prof, predicted, measured, nxt))
+        pred = "—" if predicted is None else f"{predicted * 1e3:.2f} ms"
+        echo(
+            f"tune: iteration {i}: {Path(plan).name} predicted {pred}, measured "
+            f"{measured * 1e3:.2f} ms (steady steps)"
+        )
+        if same_sharding(nxt, plan):
+            result.fixed_point = True
+            break
+        if i == max_iterations:
+            break
+        plan, predicted = nxt, json.loads(Path(nxt).read_text())["predicted"]["step_time_s"]
+    result.candidate = plan
+    if same_sharding(plan, baseline):
+        result.shipped, result.reason = "baseline", "SparseLift's plan is the baseline's: kept it"
+    else:
+        _ab(cfg, result, rounds, ab_hook, ab_hook_args or {}, echo)
+    shipped = result.candidate if result.shipped == "candidate" else result.baseline
+    write_json(work / "tune.json", result.to_json())
+    write_bytes(out, Path(shipped).read_bytes())
+    echo(f"tune: {result.reason}; wrote {out} ({spec.name}, {cfg.nproc} ranks)")
+    return result
+
+
+def _ab(
+    cfg: TrainConfig,
+    result: TuneResult,
+    rounds: int,
+    hook: str | None,
+    hook_args: dict[str, Any],
+    echo: Callable[[str], None],
+) -> None:
+    """Interleaved A/B of candidate vs baseline; sets the ratios, interval and verdict."""
+    base = dataclasses.replace(cfg, hook=hook, hook_args=hook_args, progress=False)
+    cand, bl = Contender("candidate", result.candidate), Contender("baseline", result.baseline)
+    run_bench(base, [cand, bl], rounds, echo=lambda s: echo(f"tune: A/B {s}"))
+    result.ab_ratios = [c / b for c, b in zip(cand.steps_per_s, bl.steps_per_s, strict=True)]
+    result.ratio, result.low, result.high = ratio_interval(result.ab_ratios)
+    measured = (
+        f"measured {result.ratio:.3f}x over the baseline ({CONFIDENCE:.0%} interval "
+        f"{result.low:.3f}-{result.high:.3f}, {rounds} interleaved rounds)"
+    )
+    if result.low > 1.0:
+        result.shipped, result.reason = "candidate", f"SparseLift's plan {measured}: shipped it"
+    else:
+        result.shipped = "baseline"
+        result.reason = f"SparseLift's plan {measured}: not measured faster, kept the baseline"
+
+
+def _step(what: str, argv: list[str], run: Command, echo: Callable[[str], None]) -> None:
+    """Run one `sparselift` command in-process, its own output kept out; raise if it failed."""
+    echo(f"tune: sparselift {' '.join(argv)}")
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = run(argv)
+    if code != 0:
+        raise StepFailed(what, code)

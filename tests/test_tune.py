@@ -1,0 +1,72 @@
+"""`sparselift tune` on real 2-rank gloo training: the loop, the A/B verdict, and failures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparselift.cli import main
+from sparselift.tune import ratio_interval, tune
+from sparselift.workloads.harness import TrainConfig
+from sparselift.workloads.launch import RankFailed
+
+LOOP = dict(rounds=2, max_iterations=1, profile_steps=4, after=3, time_limit_s=5.0)
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """The round-robin plan of tiny: a baseline the optimizer moves away from."""
+    path = tmp_path_factory.mktemp("rr") / "rr.json"
+    assert (
+        main(["plan", "round-robin", "--workload", "tiny", "--world-size", "2", "--out", str(path)])
+        == 0
+    )
+    return str(path)
+
+
+def test_the_interval_is_of_the_per_round_ratios():
+    med, low, high = ratio_interval([1.2, 1.25, 1.3, 1.22, 1.28])
+    assert med == 1.25 and 1.2 <= low < med < high <= 1.3
+    assert ratio_interval([0.9, 1.1, 1.0])[1] < 1.0 < ratio_interval([0.9, 1.1, 1.0])[2]
+
+
+@pytest.mark.slow
+def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
+    cfg = TrainConfig(workload="tiny", nproc=2, steps=10, warmup=2)
+    out = tmp_path / "shipped.json"
+    res = tune(
+        cfg,
+        out,
+        tmp_path / "work",
+        main,
+        baseline=baseline,
+        echo=lambda s: None,
+        ab_hook="rank_hooks:SlowPlan",
+        ab_hook_args={"plan_name": "plan1.json"},
+        **LOOP,
+    )
+    assert res.candidate.endswith("plan1.json") and len(res.ab_ratios) == 2
+    assert res.high is not None and res.high < 1.0 and res.shipped == "baseline"
+    assert out.read_bytes() == open(baseline, "rb").read()
+    rec = json.loads((tmp_path / "work" / "tune.json").read_text())
+    assert rec["shipped"] == "baseline" and rec["iterations"][0]["measured_step_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_failing_rank_stops_tune_and_leaves_the_last_good_plan(tmp_path, baseline):
+    cfg = TrainConfig(workload="tiny", nproc=2, steps=10, warmup=2)
+    out = tmp_path / "shipped.json"
+    out.write_text("last good plan")
+    with pytest.raises(RankFailed, match="injected failure on rank 1"):
+        tune(
+            cfg,
+            out,
+            tmp_path / "work",
+            main,
+            baseline=baseline,
+            echo=lambda s: None,
+            ab_hook="rank_hooks:CrashOnRank",
+            **LOOP,
+        )
+    assert out.read_text() == "last good plan"
