@@ -1,37 +1,40 @@
 #!/usr/bin/env bash
-# The README's demo, end to end on `tiny` with 2 CPU ranks (gloo): profile real sharded training,
-# analyze the traces, optimize a plan, then measure it against TorchRec's own plan.
+# The README's demo on 2 CPU ranks (gloo): `sparselift tune` profiles TorchRec's plan, plans from
+# the profile, profiles SparseLift's plan and re-plans, then measures both interleaved and keeps
+# SparseLift's plan only if it measured faster. Then the report and the plans' comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${DEMO_OUT:-runs/demo}
-mkdir -p "$out"
-sl=.venv/bin/sparselift
+workload=${DEMO_WORKLOAD:-multihot-26}
+max_rows=${DEMO_MAX_ROWS:-200000}
 rounds=${DEMO_ROUNDS:-3}
+sl=.venv/bin/sparselift
+mkdir -p "$out"
 
-echo "== 1/5 profile: 8 steps of DMP training on 2 ranks"
-$sl profile --workload tiny --nproc 2 --steps 8 --warmup 5 --out "$out/profile" --force
-echo "== 2/5 analyze: sparse-path graph, summary, calibration, HTML report"
-$sl analyze "$out/profile" --html "$out/report.html"
-echo "== 3/5 optimize: CP-SAT plan from the profile"
-$sl optimize --profile "$out/profile" --time-limit 20 --out "$out/sparselift.plan.json"
-$sl plan from-torchrec --workload tiny --world-size 2 --out "$out/torchrec.plan.json"
-echo "== 4/5 bench: SparseLift's plan vs TorchRec's, interleaved"
-$sl bench --workload tiny --nproc 2 --plan "$out/sparselift.plan.json" --plan "$out/torchrec.plan.json" \
-  --rounds "$rounds" --steps 30 --json "$out/bench.json"
-echo "== 5/5 compare the plans"
-$sl plan diff "$out/sparselift.plan.json" "$out/torchrec.plan.json" --bench "$out/bench.json" --html "$out/plans.html" >/dev/null
+echo "== 1/3 tune: $workload (rows capped at $max_rows) on 2 ranks"
+$sl tune --workload "$workload" --max-rows "$max_rows" --nproc 2 --steps 30 --rounds "$rounds" \
+  --work "$out/tune" --out "$out/plan.json" | grep '^tune: \(iteration\|A/B\|SparseLift\|Sparse\)'
+# the names the notebooks read by default
+cp "$out/plan.json" "$out/sparselift.plan.json"
+cp "$out/tune/torchrec.plan.json" "$out/torchrec.plan.json"
+[ -f "$out/tune/bench.json" ] && cp "$out/tune/bench.json" "$out/bench.json"
+rm -rf "$out/profile" && cp -r "$(ls -d "$out"/tune/profile* | sort -V | tail -n 1)" "$out/profile"
+echo "== 2/3 analyze the last profile: sparse-path graph, summary, calibration, HTML report"
+$sl analyze "$out/profile" --html "$out/report.html" | sed -n '3,6p'
+echo "== 3/3 compare SparseLift's plan with TorchRec's"
+bench=()
+[ -f "$out/bench.json" ] && bench=(--bench "$out/bench.json")
+$sl plan diff "$out/sparselift.plan.json" "$out/torchrec.plan.json" "${bench[@]}" --html "$out/plans.html" | head -n 12
 .venv/bin/python - "$out" <<'PY'
 import json, sys
-out = sys.argv[1]
-b = json.load(open(f"{out}/bench.json"))
-c = {x["label"]: x for x in b["contenders"]}
-s, t = c["sparselift.plan.json"], c["torchrec.plan.json"]
-print(f"demo: SparseLift plan {s['median']:.1f} steps/s vs TorchRec plan {t['median']:.1f} steps/s "
-      f"-> speedup {s['median'] / t['median']:.2f}x (median of {b['rounds']} interleaved rounds)")
-what = ("tables", "pipeline", "comm_precision")
-ours, theirs = (json.load(open(f"{out}/{n}.plan.json")) for n in ("sparselift", "torchrec"))
-if all(ours[k] == theirs[k] for k in what):
-    print("demo: the two plans are the same (SparseLift kept TorchRec's: no plan was predicted enough faster), "
-          "so that ratio is run-to-run noise")
+r = json.load(open(f"{sys.argv[1]}/tune/tune.json"))
+if r["ratio"] is None:
+    print("demo: SparseLift's plan is TorchRec's plan: kept TorchRec's plan (no measured ratio)")
+elif r["shipped"] == "candidate":
+    print(f"demo: SparseLift's plan measured {r['ratio']:.2f}x faster than TorchRec's "
+          f"(95 % interval {r['low']:.2f}-{r['high']:.2f}, {len(r['ab_ratios'])} interleaved rounds)")
+else:
+    print(f"demo: SparseLift's plan was not measured faster ({r['ratio']:.2f}x, 95 % interval "
+          f"{r['low']:.2f}-{r['high']:.2f}): kept TorchRec's plan")
 PY
-echo "demo: reports in $out/report.html and $out/plans.html; notebooks in notebooks/ read $out"
+echo "demo: reports in $out/report.html and $out/plans.html; notebooks in notebooks/ read $out/tune"

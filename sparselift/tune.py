@@ -219,7 +219,7 @@ def tune(
     if same_sharding(plan, baseline):
         result.shipped, result.reason = "baseline", "SparseLift's plan is the baseline's: kept it"
     else:
-        _ab(cfg, result, rounds, ab_hook, ab_hook_args or {}, echo)
+        _ab(cfg, work, result, rounds, ab_hook, ab_hook_args or {}, echo)
     shipped = result.candidate if result.shipped == "candidate" else result.baseline
     write_json(work / "tune.json", result.to_json())
     write_bytes(out, Path(shipped).read_bytes())
@@ -229,16 +229,19 @@ def tune(
 
 def _ab(
     cfg: TrainConfig,
+    work: Path,
     result: TuneResult,
     rounds: int,
     hook: str | None,
     hook_args: dict[str, Any],
     echo: Callable[[str], None],
 ) -> None:
-    """Interleaved A/B of candidate vs baseline; sets the ratios, interval and verdict."""
+    """Interleaved A/B of candidate vs baseline; sets the ratios, interval and verdict, and writes
+    the runs as `work`/bench.json (the `sparselift bench --json` format)."""
     base = dataclasses.replace(cfg, hook=hook, hook_args=hook_args, progress=False)
     cand, bl = Contender("candidate", result.candidate), Contender("baseline", result.baseline)
-    run_bench(base, [cand, bl], rounds, echo=lambda s: echo(f"tune: A/B {s}"))
+    bench = run_bench(base, [cand, bl], rounds, echo=lambda s: echo(f"tune: A/B {s}"))
+    write_json(work / "bench.json", bench.to_json())
     result.ab_ratios = [c / b for c, b in zip(cand.steps_per_s, bl.steps_per_s, strict=True)]
     result.ratio, result.low, result.high = ratio_interval(result.ab_ratios)
     measured = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import NoReturn
 
@@ -57,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     Args:
         argv: the arguments after `sparselift` (default: sys.argv[1:]).
     Returns:
-        The exit code: 0 done, 2 bad input, 1 a failed rank (or another command failure the
-        command reports itself), 130 interrupted.
+        The exit code: 0 done (also when stdout's reader closed the pipe early), 2 bad input,
+        1 a failed rank (or another command failure the command reports itself), 130
+        interrupted.
     Raises:
         SystemExit: from argparse (code 2 for a refused flag, 0 for --help).
         Exception: anything that is neither bad input nor a failed rank: a bug, with its
@@ -67,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
+    except BrokenPipeError:  # `sparselift … | head`: the reader left; what was asked is done
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 0
     except Exception as e:  # sorted into bad input, failed rank, or bug below
         if getattr(e, "is_user_error", False):
             message = " ".join(str(e).split("\n"))  # one line, whatever the message holds
