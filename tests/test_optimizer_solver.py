@@ -10,7 +10,8 @@ import pytest
 
 from sparselift.optimizer.coefficients import Linear, coefficients
 from sparselift.optimizer.cost_model import CostModel
-from sparselift.optimizer.optimize import Inputs, choose_precision, feasible_classes, optimize
+from sparselift.optimizer.feasibility import feasible_classes
+from sparselift.optimizer.optimize import Inputs, choose_precision, optimize
 from sparselift.optimizer.problem import Problem
 from sparselift.optimizer.solver import solve
 from sparselift.optimizer.space import Choice, PlanWide

@@ -259,6 +259,14 @@ def _report(
         f"bound {s['bound'] * 1e3:.3f} ms, gap {s['gap'] * 100:.2f}%, "
         f"{res.solution.wall_s:.1f} s wall, seed {s['seed']}"
     )
+    evidence = res.plan.evidence or {}
+    measured = sum(1 for e in evidence.values() if e.get("source") == "measured")
+    print(
+        f"evidence: {measured} of {len(evidence)} coefficients measured, the rest assumed "
+        f"(`sparselift plan show {args.out}` lists them)"
+    )
+    for line in res.notes:  # the evidence checks that decided plan-wide options
+        print(line)
     precision = res.plan.comm_precision
     print(
         f"choices: pipeline {res.plan.pipeline}, comm precision fwd {precision.forward} / bwd "

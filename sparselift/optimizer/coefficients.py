@@ -4,6 +4,11 @@ A calibration (`sparselift.calibration`, written by `sparselift analyze`) fits o
 profiled device; the topology preset supplies the rest (inter-host bytes, UVM reads, quantization,
 pipeline overhead) and everything when planning for hardware that was never profiled. Calibrated
 coefficients carry over by op kind only to a topology of the same device kind.
+
+Every coefficient carries its evidence (`Coefficients.evidence`): *measured* (from which profile)
+or *assumed* (from which preset). `from_topology` marks all of them assumed; `coefficients` marks
+what the calibration replaced as measured. The optimizer reads it to refuse options whose pay-off
+rests only on assumptions, and writes it into every plan.
 """
 
 from __future__ import annotations
@@ -62,10 +67,59 @@ class Coefficients:
     pipeline_overhead_s: float
     dense_step_s: float  # dense forward+backward+optimizer per step (a constant of the plan)
     source: str  # "preset <name>" or the calibration path
+    # per coefficient (COEFFICIENT_NAMES order): (name, MEASURED or ASSUMED, profile or preset);
+    # a tuple so that Coefficients stays hashable
+    evidence: tuple[tuple[str, str, str], ...] = ()
 
     def replace(self, **kw: Any) -> Coefficients:
-        """A copy with the fields in `kw` replaced."""
+        """A copy with the fields in `kw` replaced; their evidence is left as it was (callers
+        that replace a coefficient with a measured value say so with `with_evidence`)."""
         return dataclasses.replace(self, **kw)
+
+    def with_evidence(self, source: str, origin: str, names: tuple[str, ...]) -> Coefficients:
+        """A copy whose coefficients `names` are marked `source` (MEASURED / ASSUMED) from `origin`.
+
+        Raises:
+            ValueError: a name that is not a coefficient, or an unknown source.
+        """
+        if source not in (MEASURED, ASSUMED):
+            raise ValueError(f"evidence source must be {MEASURED!r} or {ASSUMED!r}: {source!r}")
+        unknown = set(names) - set(COEFFICIENT_NAMES)
+        if unknown:
+            raise ValueError(f"not coefficients: {sorted(unknown)}")
+        old = {name: (src, frm) for name, src, frm in self.evidence}
+        for name in names:
+            old[name] = (source, origin)
+        ev = tuple((n, *old[n]) for n in COEFFICIENT_NAMES if n in old)
+        return dataclasses.replace(self, evidence=ev)
+
+    def measured(self, name: str) -> bool:
+        """Whether coefficient `name` was measured (from a profile), not assumed."""
+        return any(n == name and src == MEASURED for n, src, _ in self.evidence)
+
+    def any_measured(self) -> bool:
+        """Whether any coefficient was measured: False when planning for unprofiled hardware."""
+        return any(src == MEASURED for _, src, _ in self.evidence)
+
+    def evidence_dict(self) -> dict[str, dict[str, str]]:
+        """The plan file's `evidence` block: {coefficient: {"source": …, "from": …}}."""
+        return {n: {"source": src, "from": frm} for n, src, frm in self.evidence}
+
+
+MEASURED, ASSUMED = "measured", "assumed"
+# the coefficients a plan's price rests on, in the order plans list them
+COEFFICIENT_NAMES = (
+    *OP_KINDS,
+    "wire_b_s",
+    "inter_host_b_s",
+    "dense_grad_b_s",
+    "uvm_miss_b_s",
+    "quantize_b_s",
+    "dp_overlap",
+    "pipeline_overlap",
+    "pipeline_overhead_s",
+    "dense_step_s",
+)
 
 
 # (seconds per call, seconds per work unit) of fbgemm's CPU TBE (see sparselift/kernels.py)
@@ -80,7 +134,7 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
             call costs (`sparselift.kernels`), CUDA ones the preset's rates and latencies.
         dense_step_s: the dense part of a step (a constant of every plan).
     Returns:
-        Coefficients whose `source` names the preset.
+        Coefficients whose `source` names the preset, every one marked assumed from it.
     """
     lookup_b = 1.0 / topo.lookup_rate
     comm = Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw)
@@ -94,7 +148,9 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
     return Coefficients(
         lookup_fwd=fwd,
         lookup_bwd=bwd,
-        **dist,
+        input_dist=dist["input_dist"],
+        output_dist_fwd=dist["output_dist_fwd"],
+        output_dist_bwd=dist["output_dist_bwd"],
         dp_allreduce=Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw),
         wire_b_s=1.0 / topo.intra_host_bw,
         inter_host_b_s=max(1.0 / topo.inter_host_bw, 1.0 / topo.intra_host_bw),
@@ -106,7 +162,7 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
         pipeline_overhead_s=topo.pipeline_overhead_s,
         dense_step_s=dense_step_s,
         source=f"preset {topo.preset or 'file'}",
-    )
+    ).with_evidence(ASSUMED, f"preset {topo.preset or 'topology file'}", COEFFICIENT_NAMES)
 
 
 def load_calibration(path: str | Path) -> dict[str, Any]:
@@ -138,7 +194,10 @@ def coefficients(
             None / {} for the preset alone.
         dense_step_s: the dense part of a step when the calibration does not measure it.
     Returns:
-        Coefficients whose `source` is the calibration's profile (or "calibration").
+        Coefficients whose `source` is the calibration's profile (or "calibration"); what the
+        calibration replaced is marked measured from it (an op kind with its fixed sync cost),
+        the rest stays assumed from the preset. The inter-host per-byte cost counts as measured
+        only where the measured intra-host one raised it.
     Raises:
         UserError: a calibration object with a wrong field (`Calibration.from_dict`).
     """
@@ -171,8 +230,11 @@ def coefficients(
         kw["dense_step_s"] = cal.dense_step_s
     if "input_dist" in kw:  # bytes crossing hosts cost at least what they cost inside one
         kw["inter_host_b_s"] = max(base.inter_host_b_s, kw["input_dist"].b_s)
+        if kw["inter_host_b_s"] == base.inter_host_b_s:
+            del kw["inter_host_b_s"]  # the preset's value stands: still an assumption
     profile = cal.provenance.profile
-    return base.replace(source=profile if profile is not None else "calibration", **kw)
+    origin = profile if profile is not None else "calibration"
+    return base.replace(source=origin, **kw).with_evidence(MEASURED, origin, tuple(kw))
 
 
 def dense_step_estimate(spec: Any, topo: Topology, batch_size: int) -> float:

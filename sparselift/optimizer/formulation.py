@@ -1,6 +1,7 @@
 """The two CP-SAT models of a `Problem` (the solver solves them and reads their answers out).
 
-Both minimize dense + Σ_phase phase_max − hidden_input_dist + overhead·sparse_dist, where
+Both minimize dense + Σ_phase phase_max − hidden_input_dist + overhead·sparse_dist (+ a small
+penalty per risky choice, `robust`), where
 phase_max ≥ the phase's load on every rank (exact) or on the average rank (aggregate), hidden ≤
 overlap·phase_max[input_dist] and hidden = 0 unless the sparse-dist pipeline is chosen; memory
 per rank (HBM and DDR) is a hard constraint. Times are integer nanoseconds, memory integer bytes.
@@ -115,6 +116,8 @@ def _classes_and_fixed_costs(
         dp_fixed = _ns((1 - coeffs.dp_overlap) * coeffs.dp_allreduce.a_s)
         fixed_cost[PHASES.index("dp_allreduce")] += dp_fixed * dp[0]
     sparse_dist = m.new_bool_var("pipeline_sparse_dist")
+    if not p.allow_sparse_dist:  # its pay-off is not measured (`robust.pipeline_measured`)
+        m.add(sparse_dist == 0)
     return fixed_cost, sparse_dist
 
 
@@ -136,13 +139,19 @@ def _minimize_step(
     phase_max: list[cp_model.IntVar],
     phase_ub: list[int],
     sparse_dist: cp_model.IntVar,
+    use: UseVars,
 ) -> None:
-    """The objective: Σ phase max − what the pipeline hides of input_dist + its overhead."""
+    """The objective: Σ phase max − what the pipeline hides of input_dist + its overhead, plus
+    the secondary objective: `risk_penalty_ns` per risky choice (`robust`), the pipeline one."""
     coeffs = p.coeffs
     hidden = m.new_int_var(0, max(1, phase_ub[ID_PHASE]), "input_dist_hidden_by_sparse_dist")
     m.add(hidden * PPM <= int(round(coeffs.pipeline_overlap * PPM)) * phase_max[ID_PHASE])
     m.add(hidden <= max(1, phase_ub[ID_PHASE]) * sparse_dist)
-    m.minimize(sum(phase_max) - hidden + _ns(coeffs.pipeline_overhead_s) * sparse_dist)
+    step = sum(phase_max) - hidden + _ns(coeffs.pipeline_overhead_s) * sparse_dist
+    if p.risk_penalty_ns:
+        risky = [v for key, v in use.items() if key in p.risky]
+        step += p.risk_penalty_ns * (sum(risky) + sparse_dist)
+    m.minimize(step)
 
 
 def _add_memory_caps(
@@ -304,7 +313,7 @@ def build_exact(p: Problem) -> CpModelVars:
         ]
         for i in range(len(PHASES)):
             m.add(phase_max[i] >= rank_load[i])
-    _minimize_step(p, m, phase_max, phase_ub, sparse_dist)
+    _minimize_step(p, m, phase_max, phase_ub, sparse_dist, use)
     # implied cuts that tighten the relaxation: the rank holding a table's (largest) shard carries
     # at least the load every rank carries plus that shard's own extra load
     for i in range(len(PHASES)):
@@ -379,7 +388,7 @@ def build_aggregate(p: Problem) -> CpModelVars:
             per_table.setdefault(name, []).append(coef * v)
         for own_load in per_table.values():
             m.add(phase_max[i] >= sum(own_load))
-    _minimize_step(p, m, phase_max, phase_ub, sparse_dist)
+    _minimize_step(p, m, phase_max, phase_ub, sparse_dist, use)
     buffer = int(math.ceil(p.pipeline_buffer_bytes))
     _add_memory_caps(
         p,

@@ -1,5 +1,10 @@
 """One planning run: inputs → feasible options → plan-wide choices → CP-SAT → plan, never worse
-than TorchRec's under our model, with its predicted costs and the solver's record."""
+than TorchRec's under our model, with its predicted costs, the solver's record and the evidence
+of every coefficient it was priced with.
+
+Options that only evidence can justify are gated (`robust`): UVM caching only where memory
+forces it, the sparse-dist pipeline only with a measured overlap, 16-bit collectives only with
+measured costs or, for unprofiled hardware, TorchRec's estimator's agreement."""
 
 from __future__ import annotations
 
@@ -13,10 +18,14 @@ from sparselift import plans
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import CostModel, PlanCost
-from sparselift.optimizer.feasibility import feasible_classes
 from sparselift.optimizer.planio import choices_from_plan, to_plan
-from sparselift.optimizer.problem import Problem, Solution
-from sparselift.optimizer.solver import solve
+from sparselift.optimizer.problem import Solution
+from sparselift.optimizer.robust import (
+    gate_precision,
+    pipeline_measured,
+    solve_without_dominated,
+    torchrec_agrees,
+)
 from sparselift.optimizer.space import Choice, PlanWide
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
@@ -54,6 +63,8 @@ class Result:
         baseline: the cheapest TorchRec plan given, or None.
         baseline_cost: its predicted cost, or None.
         kept_baseline: the baseline was kept (ours not predicted faster by `min_gain`).
+        notes: one line per evidence check that decided a plan-wide option (the comm
+            precision's verdicts), for the caller to print.
     """
 
     plan: plans.Plan
@@ -62,6 +73,7 @@ class Result:
     baseline: plans.Plan | None
     baseline_cost: PlanCost | None
     kept_baseline: bool
+    notes: list[str] = field(default_factory=list)
 
 
 def choose_precision(model: CostModel) -> PlanWide:
@@ -140,6 +152,11 @@ def optimize(
 ) -> Result:
     """Plan: solve, then keep the cheapest baseline unless ours is predicted faster by `min_gain`.
 
+    The comm precision is the cost model's (`choose_precision`) where evidence allows it
+    (`robust.gate_precision`); planning for unprofiled hardware at 16 bits, TorchRec's estimator
+    is asked after the solve, and where it does not also rate the plan faster at 16 bits, the
+    plan is solved again at fp32. The verdicts are in `Result.notes`.
+
     Args:
         inp: what to plan for.
         time_limit_s, seed, workers, mode, progress: the solver's (`solver.solve`).
@@ -158,20 +175,33 @@ def optimize(
     if not inp.stats:
         raise UserError("the workload has no tables")
     model = CostModel(inp.topo, inp.batch_size, inp.coeffs)
-    plan_wide = choose_precision(model)
-    classes = feasible_classes(model, inp.stats, plan_wide)
+    plan_wide, notes, consult = gate_precision(model, choose_precision(model))
     by_name = {s.name: s for s in inp.stats}
     base = _CheapestBaseline(model, by_name, (baseline, *other_baselines), pending_baselines)
     t0 = time.perf_counter()
-    sol = solve(
-        Problem(inp.stats, model, plan_wide, classes),
-        time_limit_s=time_limit_s,
-        seed=seed,
-        workers=workers,
-        mode=mode,
-        progress=progress,
-        warm_start=base,
-    )
+
+    def solve_at(wide: PlanWide) -> Solution:
+        return solve_without_dominated(
+            inp.stats,
+            model,
+            wide,
+            time_limit_s=time_limit_s,
+            seed=seed,
+            workers=workers,
+            mode=mode,
+            progress=progress,
+            warm_start=base,
+        )
+
+    if not pipeline_measured(inp.coeffs):
+        notes.append("pipeline base: the sparse-dist pipeline's overlap was not measured")
+    sol = solve_at(plan_wide)
+    if consult:  # what-if: 16-bit only where TorchRec's estimator also rates it faster
+        agreed, line = torchrec_agrees(inp, model, sol.choices, plan_wide, sol.pipeline)
+        notes.append(line)
+        if not agreed:
+            plan_wide = PlanWide()
+            sol = solve_at(plan_wide)
     base()  # resolved by the solve already; here in case a solver path did not ask
     plan_wide = PlanWide(plan_wide.forward, plan_wide.backward, sol.pipeline)
     choices = sol.choices
@@ -221,8 +251,9 @@ def optimize(
             solver=solver_rec,
             provenance=provenance,
         )
+    plan = dataclasses.replace(plan, evidence=inp.coeffs.evidence_dict())
     sol.wall_s = time.perf_counter() - t0 - base.waited_s
-    return Result(plan, cost, sol, base.plan, base.cost, kept)
+    return Result(plan, cost, sol, base.plan, base.cost, kept, notes)
 
 
 def _fits(topo: Topology, cost: PlanCost) -> bool:

@@ -31,6 +31,11 @@ class Problem:
         plan_wide: the collective precision, decided before solving; its pipeline is not read (the
             solver decides the pipeline).
         classes: per table, the option classes still feasible for it.
+        allow_sparse_dist: whether the sparse-dist pipeline may be chosen (`robust`: only when
+            its pay-off was measured).
+        risky: the (table, class) pairs the secondary objective counts as risky.
+        risk_penalty_ns: the objective's penalty per risky choice (and for the pipeline), in
+            nanoseconds; 0 turns the secondary objective off.
 
     Derived: `by_name` (stats by table name), `term_table` (Terms per (table, class) of
     `classes`), `hbm_cap` / `ddr_cap` (usable bytes per rank) and `pipeline_buffer_bytes` (what
@@ -41,6 +46,9 @@ class Problem:
     model: CostModel
     plan_wide: PlanWide
     classes: dict[str, list[OptionClass]]
+    allow_sparse_dist: bool = True
+    risky: frozenset[tuple[str, OptionClass]] = frozenset()
+    risk_penalty_ns: int = 0
     by_name: dict[str, TableStats] = field(init=False, repr=False)
     term_table: dict[tuple[str, OptionClass], Terms] = field(init=False, repr=False)
     hbm_cap: int = field(init=False)

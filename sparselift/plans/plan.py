@@ -54,6 +54,10 @@ class Plan:
         predicted: what the planner predicted (step time, per-rank costs); free-form.
         solver: the planner and its result (status, objective, bound, gap, …); free-form.
         provenance: what the plan was made from; free-form.
+        evidence: per cost coefficient the plan was priced with, where it came from:
+            {name: {"source": "measured" | "assumed", "from": profile path or preset}}; None in
+            plans made without it (older plans, TorchRec's). Written only when present, so a
+            plan without it keeps its bytes.
         source: the file it came from, for messages (not part of the plan: not compared).
     """
 
@@ -66,6 +70,7 @@ class Plan:
     predicted: dict[str, Any] | None = None
     solver: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
+    evidence: dict[str, dict[str, str]] | None = None
     source: str = field(default="<plan>", compare=False)
 
     # ---------------------------------------------------------------------------- file format
@@ -91,7 +96,7 @@ class Plan:
             )
             for t in self.model
         ]
-        return {
+        out: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
             "model": model,
@@ -110,6 +115,9 @@ class Plan:
             "solver": _canonical(self.solver),
             "provenance": _canonical(self.provenance),
         }
+        if self.evidence is not None:
+            out["evidence"] = _canonical(self.evidence)
+        return out
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "<plan>") -> Plan:
@@ -161,6 +169,7 @@ class Plan:
             predicted=d.get("predicted"),
             solver=d.get("solver"),
             provenance=d.get("provenance"),
+            evidence=d.get("evidence"),
             source=source,
         )
         problems = plan_problems(plan)

@@ -123,7 +123,25 @@ def show(plan: Plan) -> str:
     step = (plan.predicted or {}).get("step_time_s")
     if step is not None:
         lines.append(f"  predicted step time {step * 1e3:.2f} ms")
+    lines += evidence_lines(plan)
     return "\n".join(lines)
+
+
+def evidence_lines(plan: Plan) -> list[str]:
+    """The plan's `evidence` for people: one line per coefficient, measured ones first, then
+    assumed, each group by name (the order the file keeps); [] for a plan without evidence."""
+    if not plan.evidence:
+        return []
+    items = sorted(plan.evidence.items())
+    width = max(len(name) for name, _ in items)
+    ordered = [it for it in items if it[1].get("source") == "measured"] + [
+        it for it in items if it[1].get("source") != "measured"
+    ]
+    n_measured = sum(1 for _, e in items if e.get("source") == "measured")
+    lines = ["", f"evidence ({n_measured} of {len(items)} coefficients measured)"]
+    for name, e in ordered:
+        lines.append(f"  {name:{width}s}  {e.get('source', '?'):8s}  from {e.get('from', '?')}")
+    return lines
 
 
 def diff(a: Plan, b: Plan) -> list[str]:

@@ -118,6 +118,11 @@ def _keyword(key: str, arg: Any, s: dict[str, Any]) -> Check:
     if key == "additionalProperties" and arg is False:
         names = frozenset(s.get("properties", {}))
         return lambda v: not isinstance(v, dict) or names.issuperset(v)
+    if key == "additionalProperties" and isinstance(arg, dict):  # every other member's schema
+        known, member = frozenset(s.get("properties", {})), _compile(arg)
+        return lambda v: (
+            not isinstance(v, dict) or all(member(x) for k, x in v.items() if k not in known)
+        )
     if key == "items":
         item = _compile(arg)
         return lambda v: not isinstance(v, list) or all(item(x) for x in v)

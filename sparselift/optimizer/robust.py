@@ -1,0 +1,272 @@
+"""Robust where evidence is missing: which options a plan may use, and which it should avoid.
+
+Three rules, applied around the solve (`optimize`):
+
+* *No dominated UVM caching.* UVM caching only saves HBM, and its miss cost is ≥ 0, so where a
+  table's fused option fits it buys nothing. The solve first runs without UVM classes
+  (`without_uvm`; a table none of whose other classes fits a rank on its own keeps its UVM
+  classes). Only if that solve finds no plan (memory) is it run again with every class, and
+  then the risk penalty below makes each UVM table cost something. Whatever is chosen is then
+  cleaned by `drop_dominated_uvm`: a UVM table whose fused option, at the same ranks, still fits
+  every rank's memory is switched to fused. Both steps are plain
+  functions of the inputs: the plan stays deterministic. (Solving twice, rather than one model
+  with UVM penalized, is what makes it robust: no penalty weight can be too small to matter.)
+* *A secondary objective.* Among plans of nearly equal predicted step, the one with fewer risky
+  options wins: each risky choice (`risky_class`, and the sparse-dist pipeline) adds
+  `risk_penalty_ns` to the CP-SAT objective. The penalties of all risky choices together are at
+  most RISK_TOLERANCE of a reference step (the cheapest-average start's average rank), so the
+  secondary objective can cost at most about that share of predicted step against the
+  step-optimal plan.
+* *Only what is measured to pay.* The sparse-dist pipeline only when its overlap was measured
+  (`pipeline_measured`); 16-bit collectives only when the quantize cost and the bytes' cost
+  were measured (`precision_measured`) or, planning for unprofiled hardware, when TorchRec's
+  estimator also rates the plan faster at 16 bits (`optimize`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sparselift.errors import UserError
+from sparselift.optimizer.coefficients import Coefficients
+from sparselift.optimizer.cost_model import PHASES, CostModel
+from sparselift.optimizer.feasibility import feasible_classes
+from sparselift.optimizer.placement import cheapest_average
+from sparselift.optimizer.planio import to_plan
+from sparselift.optimizer.problem import NS, Problem, Solution, load_over_ranks
+from sparselift.optimizer.solver import solve
+from sparselift.optimizer.space import DP, FUSED, UVM_CACHING, Choice, OptionClass, PlanWide
+from sparselift.optimizer.table_stats import TableStats
+
+RISK_TOLERANCE = 0.005  # share of the step all risky choices' penalties may add up to
+
+
+def risky_class(c: OptionClass, coeffs: Coefficients) -> bool:
+    """Whether choosing class `c` is a risk the secondary objective counts.
+
+    UVM caching always (its miss cost is a preset's guess on most hardware, and TorchRec prices
+    it far higher); data-parallel when a calibration measured the plan's other costs but not
+    the allreduce (its cost then rests on an assumption where the alternatives' do not).
+    """
+    if c.kernel == UVM_CACHING:
+        return True
+    return c.sharding_type == DP and coeffs.any_measured() and not coeffs.measured("dp_allreduce")
+
+
+def pipeline_measured(coeffs: Coefficients) -> bool:
+    """Whether the sparse-dist pipeline's pay-off is measured: its overlap came from a profile.
+
+    Calibrations do not measure the pipeline's overhead yet; the preset's stands for it.
+    """
+    return coeffs.measured("pipeline_overlap")
+
+
+def precision_measured(coeffs: Coefficients, multi_host: bool) -> bool:
+    """Whether 16-bit collectives' pay-off is measured: the (de)quantize cost and the cost of the
+    bytes it saves (the pooled-embedding distributions' per-byte cost on one host, the
+    inter-host one across hosts) both came from a profile."""
+    if not coeffs.measured("quantize_b_s"):
+        return False
+    if multi_host:
+        return coeffs.measured("inter_host_b_s")
+    return coeffs.measured("output_dist_fwd") and coeffs.measured("output_dist_bwd")
+
+
+def sixteen_bit(plan_wide: PlanWide) -> bool:
+    """Whether either direction's collectives run at 16 bits."""
+    return plan_wide.forward != "fp32" or plan_wide.backward != "fp32"
+
+
+def without_uvm(classes: Mapping[str, list[OptionClass]]) -> dict[str, list[OptionClass]] | None:
+    """Every table's classes without UVM caching, or None when that removes nothing.
+
+    A table none of whose non-UVM classes fits a rank keeps all its classes: memory forces UVM.
+    """
+    out = {}
+    for name, cs in classes.items():
+        plain = [c for c in cs if c.kernel != UVM_CACHING]
+        out[name] = plain or list(cs)
+    return None if out == dict(classes) else out
+
+
+def risk_penalty_ns(p: Problem) -> int:
+    """The secondary objective's penalty per risky choice, in the model's nanoseconds.
+
+    RISK_TOLERANCE of a reference step — the cheapest-average start's load on the average rank
+    plus the dense step, a step no plan beats by much — shared among every risky
+    choice the model could make (one per table with a risky class, one for the pipeline), so
+    that all of them together stay within the tolerance; at least 1 ns where there is any.
+    """
+    coeffs = p.coeffs
+    n = sum(1 for s in p.stats if any(risky_class(c, coeffs) for c in p.classes[s.name]))
+    n += 1 if p.allow_sparse_dist else 0
+    if n == 0:
+        return 0
+    topo = p.topo
+    step = p.coeffs.dense_step_s
+    for name, ch in cheapest_average(p).items():
+        total = load_over_ranks(
+            p.terms(name, ch.cls), ch.cls, topo.world_size, topo.local_world_size
+        )
+        step += sum(total[: len(PHASES)]) / topo.world_size
+    return max(1, int(RISK_TOLERANCE * step * NS / n))
+
+
+def drop_dominated_uvm(p: Problem, choices: dict[str, Choice], pipeline: str) -> dict[str, Choice]:
+    """`choices` with every UVM-cached table switched to fused where that fits memory.
+
+    Tables are tried in the plan's order; a switch (the fused class of the same sharding type
+    and shards, at the same ranks or host) is kept when every rank's memory still fits. The
+    predicted step is not asked: with a miss cost ≥ 0, fused can cost more only by one kernel
+    call's fixed cost (when it adds a (type, kernel) group), a gain within the model's error
+    that does not justify an option TorchRec's estimator prices far higher.
+
+    Args:
+        p: the problem (its memory caps and pipeline buffer).
+        choices: a plan's choices.
+        pipeline: the plan's pipeline ("base" or "sparse-dist").
+    Returns:
+        The cleaned choices (`choices` itself when no table uses UVM caching).
+    """
+    uvm = [s.name for s in p.stats if choices[s.name].cls.kernel == UVM_CACHING]
+    if not uvm:
+        return choices
+    wide = PlanWide(p.plan_wide.forward, p.plan_wide.backward, pipeline)
+    out = dict(choices)
+    for name in uvm:
+        ch = out[name]
+        fused = OptionClass(ch.cls.sharding_type, FUSED, ch.cls.shards)
+        trial = {**out, name: Choice(fused, ch.ranks, ch.host)}
+        cost = p.model.evaluate(p.by_name, trial, wide)
+        fits = all(
+            (r.memory_bytes <= p.hbm_cap or not p.on_gpu) and r.ddr_bytes <= p.ddr_cap
+            for r in cost.per_rank
+        )
+        if fits:
+            out = trial
+    return out
+
+
+def robust_problem(
+    stats: list[TableStats],
+    model: CostModel,
+    plan_wide: PlanWide,
+    classes: dict[str, list[OptionClass]],
+) -> Problem:
+    """A `Problem` with this module's rules set: the pipeline only where measured, the risky
+    (table, class) pairs and the penalty per risky choice."""
+    coeffs = model.coeffs
+    risky = frozenset(
+        (name, c) for name, cs in classes.items() for c in cs if risky_class(c, coeffs)
+    )
+    p = Problem(stats, model, plan_wide, classes, pipeline_measured(coeffs), risky)
+    p.risk_penalty_ns = risk_penalty_ns(p)
+    return p
+
+
+def solve_without_dominated(
+    stats: list[TableStats],
+    model: CostModel,
+    plan_wide: PlanWide,
+    **solve_kw: Any,
+) -> Solution:
+    """Solve without UVM caching where memory allows, then drop the UVM choices that buy nothing.
+
+    Args:
+        stats: the tables.
+        model: the cost model.
+        plan_wide: the collective precision (its pipeline is the solver's).
+        **solve_kw: `solver.solve`'s keywords (time limit, seed, workers, mode, progress, warm
+            start).
+    Returns:
+        The solution, its choices cleaned by `drop_dominated_uvm`.
+    Raises:
+        UserError: the tables do not fit (`feasible_classes`) or no plan was found even with UVM
+            caching.
+    """
+    classes = feasible_classes(model, stats, plan_wide)
+    plain = without_uvm(classes)
+    if plain is not None:
+        p = robust_problem(stats, model, plan_wide, plain)
+        try:
+            sol = solve(p, **solve_kw)
+        except UserError:  # memory forces UVM caching somewhere: solve again with it
+            pass
+        else:
+            sol.choices = drop_dominated_uvm(p, sol.choices, sol.pipeline)
+            return sol
+    p = robust_problem(stats, model, plan_wide, classes)
+    sol = solve(p, **solve_kw)
+    sol.choices = drop_dominated_uvm(p, sol.choices, sol.pipeline)
+    return sol
+
+
+def gate_precision(model: CostModel, wanted: PlanWide) -> tuple[PlanWide, list[str], bool]:
+    """The collective precision evidence allows, given what the cost model says pays (`wanted`).
+
+    16-bit stays where its pay-off was measured (`precision_measured`). With a profile of this
+    hardware that did not measure it, fp32. Planning for unprofiled hardware (no coefficient
+    measured), it stays pending TorchRec's verdict (`torchrec_agrees`, after the solve).
+
+    Returns:
+        (precision to solve at, lines saying why, whether TorchRec's estimator must be consulted).
+    """
+    if not sixteen_bit(wanted):
+        return wanted, [], False
+    coeffs, label = model.coeffs, f"{wanted.forward}/{wanted.backward}"
+    if precision_measured(coeffs, model.topo.num_hosts > 1):
+        return wanted, [f"comm precision {label}: its cost and savings are measured"], False
+    if coeffs.any_measured():
+        line = (
+            f"comm precision fp32: the model prices {label} faster, but the profile did not "
+            "measure the quantize cost and the bytes saved"
+        )
+        return PlanWide(), [line], False
+    return wanted, [], True
+
+
+def torchrec_agrees(
+    inp: Any, model: CostModel, choices: Mapping[str, Choice], wide: PlanWide, pipeline: str
+) -> tuple[bool, str]:
+    """Whether both SparseLift's model and TorchRec's estimator rate `choices` faster at the
+    16-bit precision `wide` than at fp32 (same shards, same pipeline), and a line with both
+    verdicts. A plan TorchRec's estimator cannot rate counts as not accepted.
+
+    Args:
+        inp: the `optimize.Inputs` (tables, topology, batch size).
+        model: the cost model.
+        choices: the plan solved at `wide`.
+        wide: the 16-bit precision.
+        pipeline: the plan's pipeline.
+    """
+    from sparselift.optimizer.torchrec_referee import torchrec_cost
+
+    half = PlanWide(wide.forward, wide.backward, pipeline)
+    full = PlanWide("fp32", "fp32", pipeline)
+    ours = [model.evaluate(model_stats(inp), choices, w).step_time_s * 1e3 for w in (half, full)]
+    label = f"{wide.forward}/{wide.backward}"
+    verdict = f"SparseLift's model {ours[0]:.3f} vs {ours[1]:.3f} ms"
+    try:
+        rated = torchrec_cost(
+            [to_plan(inp.stats, choices, inp.topo, w) for w in (half, full)],
+            inp.stats,
+            inp.topo,
+            inp.batch_size,
+        )
+    except Exception as e:  # any failure of TorchRec's estimator counts as "no"
+        theirs, agreed = f"TorchRec's estimator could not rate it ({e})", False
+    else:
+        r16, r32 = rated[0].rate_ms, rated[1].rate_ms
+        theirs = f"TorchRec's estimator {r16:.3f} vs {r32:.3f} ms"
+        agreed = ours[0] < ours[1] and r16 < r32
+    chosen = label if agreed else f"fp32 rather than {label}"
+    return agreed, (
+        f"comm precision {chosen} (no profile of this hardware; {label} vs fp32): "
+        f"{verdict}; {theirs}"
+    )
+
+
+def model_stats(inp: Any) -> dict[str, TableStats]:
+    """The inputs' tables by name."""
+    return {s.name: s for s in inp.stats}
