@@ -13,6 +13,7 @@ from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES, expected_uni
 from sparselift.optimizer.space import CW, DENSE, DP, RW, TW, TWRW, UVM_CACHING, OptionClass
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
+from sparselift.optimizer.torchrec_storage import shard_storage
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,13 @@ class ClassCounts:
 def class_counts(topo: Topology, batch_size: int, t: TableStats, c: OptionClass) -> ClassCounts:
     """What table `t` under option class `c` makes a rank do, by where the rank sits.
 
+    On CUDA a shard's memory is at least TorchRec's storage estimate of it
+    (`torchrec_storage.shard_storage`: its planner also charges the shard's input and output
+    buffers and UVM caching's auxiliary state, and it charges no optimizer state), per kind of
+    memory the larger of the two: no profile measures memory, and a plan that the reference
+    planner says will not fit must not ship on SparseLift's assumption alone. On CPU the tables'
+    memory is SparseLift's own (weights, row-wise optimizer state, dense gradients).
+
     Args:
         topo: the target topology.
         batch_size: samples per rank.
@@ -61,6 +69,18 @@ def class_counts(topo: Topology, batch_size: int, t: TableStats, c: OptionClass)
     Raises:
         ValueError: an unknown sharding type, or a UVM-cached class without a load factor.
     """
+    cc = _sparselift_counts(topo, batch_size, t, c)
+    if topo.device != "cuda":
+        return cc
+    tr = shard_storage(topo, batch_size, t, c)
+    own = replace(cc.own, hbm=max(cc.own.hbm, float(tr.hbm)), ddr=max(cc.own.ddr, float(tr.ddr)))
+    return replace(cc, own=own)
+
+
+def _sparselift_counts(
+    topo: Topology, batch_size: int, t: TableStats, c: OptionClass
+) -> ClassCounts:
+    """`class_counts` with SparseLift's own memory terms only."""
     B = batch_size
     W, L = topo.world_size, topo.local_world_size
     N, d, p = t.num_embeddings, t.embedding_dim, t.ids_per_sample

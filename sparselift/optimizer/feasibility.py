@@ -7,6 +7,7 @@ from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.space import OptionClass, PlanWide, enumerate_classes
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
+from sparselift.optimizer.torchrec_storage import hbm_budget
 
 LARGEST_NAMED = 3  # tables the refusal names by size
 STUCK_NAMED = 5  # tables without a fitting option it names
@@ -29,7 +30,8 @@ def feasible_classes(
             is needed, what is available and the largest tables.
     """
     topo = model.topo
-    hbm_cap, ddr_cap = topo.usable(topo.hbm_bytes), topo.usable(topo.ddr_bytes)
+    hbm_cap = hbm_budget(topo, model.batch_size, stats)
+    ddr_cap = topo.usable(topo.ddr_bytes)
     gpu = topo.device == "cuda"
     out, stuck, smallest = {}, [], {}
     for s in stats:
@@ -46,7 +48,7 @@ def feasible_classes(
     total = sum(table_bytes(s) for s in stats)
     cap_total = topo.world_size * (hbm_cap + (ddr_cap if topo.has_uvm or not gpu else 0))
     if stuck or total > cap_total:
-        raise UserError(_refusal(topo, stats, stuck, smallest, total, cap_total))
+        raise UserError(_refusal(topo, stats, stuck, smallest, total, cap_total, hbm_cap))
     return out
 
 
@@ -62,9 +64,10 @@ def _refusal(
     smallest: dict[str, float],
     total: int,
     cap_total: int,
+    hbm_cap: int,
 ) -> str:
     gpu = topo.device == "cuda"
-    hbm_cap, ddr_cap = topo.usable(topo.hbm_bytes), topo.usable(topo.ddr_bytes)
+    ddr_cap = topo.usable(topo.ddr_bytes)
     per = hbm_cap if gpu else ddr_cap
     if topo.has_uvm:
         room = (

@@ -29,6 +29,7 @@ from sparselift.optimizer.robust import (
 from sparselift.optimizer.space import Choice, PlanWide
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
+from sparselift.optimizer.torchrec_storage import hbm_budget
 
 PendingBaselines = Callable[[], Sequence[plans.Plan | None]]
 
@@ -211,7 +212,7 @@ def optimize(
         base.cost is not None
         and base.choices is not None
         and base.cost.step_time_s < cost.step_time_s * (1.0 + min_gain)
-        and _fits(inp.topo, base.cost)
+        and _fits(inp.topo, base.cost, hbm_budget(inp.topo, inp.batch_size, inp.stats))
     ):
         # a decomposed or timed-out solve can land above the warm start: never hand back worse;
         # and a gain smaller than the model can resolve is not worth a new plan
@@ -256,8 +257,8 @@ def optimize(
     return Result(plan, cost, sol, base.plan, base.cost, kept, notes)
 
 
-def _fits(topo: Topology, cost: PlanCost) -> bool:
-    hbm, ddr = topo.usable(topo.hbm_bytes), topo.usable(topo.ddr_bytes)
+def _fits(topo: Topology, cost: PlanCost, hbm: int) -> bool:
+    ddr = topo.usable(topo.ddr_bytes)
     return all(
         (r.hbm_bytes <= hbm or topo.device != "cuda") and r.ddr_bytes <= ddr for r in cost.per_rank
     )

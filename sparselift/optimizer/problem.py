@@ -17,6 +17,7 @@ from sparselift.optimizer.cost_model import CostModel, RankLoad, Terms, sum_rank
 from sparselift.optimizer.space import Choice, OptionClass, PlanWide
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
+from sparselift.optimizer.torchrec_storage import hbm_budget
 
 NS = 1e9  # the CP-SAT model's time unit: integer nanoseconds (memory: integer bytes)
 
@@ -38,7 +39,8 @@ class Problem:
             nanoseconds; 0 turns the secondary objective off.
 
     Derived: `by_name` (stats by table name), `term_table` (Terms per (table, class) of
-    `classes`), `hbm_cap` / `ddr_cap` (usable bytes per rank) and `pipeline_buffer_bytes` (what
+    `classes`), `hbm_cap` / `ddr_cap` (bytes per rank the tables may use; HBM: no more than
+    TorchRec's planner leaves them, `torchrec_storage.hbm_budget`) and `pipeline_buffer_bytes` (what
     the sparse-dist pipeline adds to every rank).
     """
 
@@ -63,7 +65,8 @@ class Problem:
             for c in self.classes[s.name]
         }
         topo = self.model.topo
-        self.hbm_cap, self.ddr_cap = topo.usable(topo.hbm_bytes), topo.usable(topo.ddr_bytes)
+        self.hbm_cap = hbm_budget(topo, self.model.batch_size, self.stats)
+        self.ddr_cap = topo.usable(topo.ddr_bytes)
         self.pipeline_buffer_bytes = self.model.pipeline_buffer_bytes(self.stats)
 
     @property

@@ -6,6 +6,11 @@ re-estimates, and reads `NoopPerfModel(topology).rate` (max over ranks of the sh
 also reads the same per-shard estimates as a synchronous step (Σ over perf parts: fwd compute,
 fwd comms, bwd compute, bwd comms, prefetch, of the max over ranks), since each part ends in a
 collective every rank waits for; the two readings differ only in the objective.
+
+`storage_verdicts` does the same with TorchRec's EmbeddingStorageEstimator: every rank's storage
+under the plan's shards, against the budget TorchRec's planner leaves them
+(`HeuristicalStorageReservation` on the topology), so that a check can say whether a plan fits
+TorchRec's storage estimate.
 """
 
 from __future__ import annotations
@@ -73,15 +78,22 @@ def _estimated_options(
     batch_size: int,
     types: dict[str, list[str]],
     kernels: dict[str, list[str]],
+    storage: bool = False,
 ) -> tuple[Any, Any, Any, dict[tuple[str, str, str], Any]]:
     """(TorchRec topology, its estimator, the sharders' data it estimates with, the first enumerated
-    ShardingOption per (table, type, kernel) with its per-shard perf already filled in)."""
+    ShardingOption per (table, type, kernel) with its per-shard estimate already filled in): the
+    perf estimator, or with `storage` the storage estimator (no pipeline)."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+    from torchrec.distributed.planner.shard_estimators import (
+        EmbeddingPerfEstimator,
+        EmbeddingStorageEstimator,
+    )
 
     trt = tr_topology(topo)
     cons = planner_constraints(stats, types, kernels)
-    estimator = EmbeddingPerfEstimator(topology=trt, constraints=cons)
+    estimator = (EmbeddingStorageEstimator if storage else EmbeddingPerfEstimator)(
+        topology=trt, constraints=cons
+    )
     enum = EmbeddingEnumerator(
         topology=trt, batch_size=batch_size, constraints=cons, estimator=[estimator]
     )
@@ -132,13 +144,10 @@ def _with_precision(sharder_data: dict[str, Any], plan: plans.Plan) -> dict[str,
     return {key: data for key in sharder_data}
 
 
-def torchrec_cost(
-    plan_list: list[plans.Plan], stats: list[TableStats], topo: Topology, batch_size: int
-) -> list[Verdict]:
-    """TorchRec's EmbeddingPerfEstimator's verdict (ms) on each plan, both readings."""
-    from torchrec.distributed.planner.perf_models import NoopPerfModel
-    from torchrec.distributed.planner.types import Shard
-
+def _types_and_kernels(
+    plan_list: list[plans.Plan], stats: list[TableStats]
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Per table, the sharding types and the compute kernels the plans use (what to enumerate)."""
     types: dict[str, list[str]] = {s.name: [] for s in stats}
     kernels: dict[str, list[str]] = {s.name: [] for s in stats}
     for p in plan_list:
@@ -147,31 +156,44 @@ def torchrec_cost(
                 types[t.name].append(t.sharding_type)
             if t.compute_kernel not in kernels[t.name]:
                 kernels[t.name].append(t.compute_kernel)
+    return types, kernels
+
+
+def _plan_options(p: plans.Plan, by_key: dict[tuple[str, str, str], Any]) -> list[Any]:
+    """Copies of the enumerated ShardingOptions as plan `p` runs them: its shards (size, offset,
+    rank) and its cache load factors."""
+    from torchrec.distributed.planner.types import Shard
+
+    chosen = []
+    for t in p.tables:
+        base = by_key[(t.name, t.sharding_type, t.compute_kernel)]
+        o = copy.copy(base)
+        o.shards = (
+            [Shard(size=list(s.sizes), offset=list(s.offsets), rank=s.rank) for s in t.shards]
+            if t.shards
+            else [Shard(size=list(base.shards[0].size), offset=[0, 0], rank=r) for r in t.ranks]
+        )
+        if t.cache_share is not None and o.cache_params is not None:
+            o.cache_params = copy.copy(o.cache_params)
+            o.cache_params.load_factor = t.cache_share
+        chosen.append(o)
+    return chosen
+
+
+def torchrec_cost(
+    plan_list: list[plans.Plan], stats: list[TableStats], topo: Topology, batch_size: int
+) -> list[Verdict]:
+    """TorchRec's EmbeddingPerfEstimator's verdict (ms) on each plan, both readings."""
+    from torchrec.distributed.planner.perf_models import NoopPerfModel
+
+    types, kernels = _types_and_kernels(plan_list, stats)
     with quiet():
         trt, estimator, sharder_data, by_key = _estimated_options(
             stats, topo, batch_size, types, kernels
         )
         out = []
         for p in plan_list:
-            chosen = []
-            for t in p.tables:
-                base = by_key[(t.name, t.sharding_type, t.compute_kernel)]
-                o = copy.copy(base)
-                o.shards = (
-                    [
-                        Shard(size=list(s.sizes), offset=list(s.offsets), rank=s.rank)
-                        for s in t.shards
-                    ]
-                    if t.shards
-                    else [
-                        Shard(size=list(base.shards[0].size), offset=[0, 0], rank=r)
-                        for r in t.ranks
-                    ]
-                )
-                if t.cache_share is not None and o.cache_params is not None:
-                    o.cache_params = copy.copy(o.cache_params)
-                    o.cache_params.load_factor = t.cache_share
-                chosen.append(o)
+            chosen = _plan_options(p, by_key)
             estimator.estimate(chosen, _with_precision(sharder_data, p))
             parts = {k: [0.0] * topo.world_size for k in PERF_PARTS}
             for o in chosen:
@@ -181,4 +203,85 @@ def torchrec_cost(
             out.append(
                 Verdict(float(NoopPerfModel(trt).rate(chosen)), sum(max(v) for v in parts.values()))
             )
+    return out
+
+
+class StorageVerdict(NamedTuple):
+    """TorchRec's storage estimate of one plan: every rank's bytes against the budget its planner
+    leaves a rank's shards (`HeuristicalStorageReservation(0.15)` of the topology)."""
+
+    hbm_per_rank: list[int]
+    ddr_per_rank: list[int]
+    hbm_budget: int
+    ddr_budget: int
+
+    @property
+    def fits(self) -> bool:
+        """Whether every rank's HBM and host-memory bytes are within the budget."""
+        return max(self.hbm_per_rank) <= self.hbm_budget and max(self.ddr_per_rank) <= (
+            self.ddr_budget
+        )
+
+    @property
+    def busiest_rank(self) -> int:
+        """The rank with the most HBM (the lowest of equals)."""
+        return max(range(len(self.hbm_per_rank)), key=lambda r: (self.hbm_per_rank[r], -r))
+
+
+def storage_verdicts(
+    plan_list: list[plans.Plan], stats: list[TableStats], topo: Topology, batch_size: int
+) -> list[StorageVerdict]:
+    """TorchRec's EmbeddingStorageEstimator on each plan, against its planner's budget per rank.
+
+    The plan's shards and cache load factors are given to copies of the enumerated options, as
+    `torchrec_cost` does; a plan on the sparse-dist pipeline is estimated under no pipeline and
+    under TorchRec's sparse-dist pipeline, every rank at the larger of the two. The budget is
+    TorchRec's own reservation run on the topology, the tables (no dense modules: the planner is
+    given the tables alone, as `torchrec_baseline` gives them) and the batch.
+
+    Args:
+        plan_list: the plans (of these tables, on this topology).
+        stats: the tables.
+        topo: the target topology (on CPU TorchRec's estimate is in host memory).
+        batch_size: samples per rank.
+    Returns:
+        One StorageVerdict per plan.
+    Raises:
+        KeyError: a plan's table, sharding type or kernel that TorchRec does not enumerate.
+    """
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+    from torchrec.distributed.planner.types import CacheParams
+    from torchrec.distributed.types import PipelineType
+
+    types, kernels = _types_and_kernels(plan_list, stats)
+    with quiet():
+        trt, estimator, sharder_data, by_key = _estimated_options(
+            stats, topo, batch_size, types, kernels, storage=True
+        )
+        cons = planner_constraints(stats)
+        reserved = HeuristicalStorageReservation(percentage=0.15).reserve(
+            trt, batch_size, ebc(stats), [_AllTypesSharder()], cons
+        )
+        budget = reserved.devices[0].storage
+        sparse = EmbeddingStorageEstimator(
+            topology=trt, constraints=cons, pipeline_type=PipelineType.TRAIN_SPARSE_DIST
+        )
+        out = []
+        for p in plan_list:
+            hbm, ddr = [0] * topo.world_size, [0] * topo.world_size
+            for est in [estimator] + ([sparse] if p.pipeline == "sparse-dist" else []):
+                chosen = _plan_options(p, by_key)
+                for o, t in zip(chosen, p.tables, strict=True):
+                    if t.cache_share is not None and o.cache_params is None:
+                        o.cache_params = CacheParams(load_factor=t.cache_share)
+                est.estimate(chosen, sharder_data)
+                h, d = [0] * topo.world_size, [0] * topo.world_size
+                for o in chosen:
+                    for sh in o.shards:
+                        h[sh.rank] += sh.storage.hbm
+                        d[sh.rank] += sh.storage.ddr
+                hbm = [max(a, b) for a, b in zip(hbm, h, strict=True)]
+                ddr = [max(a, b) for a, b in zip(ddr, d, strict=True)]
+            out.append(StorageVerdict(hbm, ddr, int(budget.hbm), int(budget.ddr)))
     return out
