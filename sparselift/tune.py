@@ -1,8 +1,9 @@
 """Close the loop on the harness: plan, measure, re-plan, and ship only what measured faster.
 
-`tune` profiles the baseline plan (TorchRec's, unless one is given), plans from that profile,
-profiles the candidate, re-plans from the candidate's own profile, and so on until the plan is a
-fixed point or the iteration budget is spent. Then it measures candidate and baseline in one
+`tune` profiles the baseline plan (TorchRec's, unless one is given) under each train pipeline
+(the pair calibrates what the sparse-dist pipeline hides), plans from that calibration, profiles
+the candidate the same way, re-plans from the candidate's own profiles, and so on until the plan is
+a fixed point or the iteration budget is spent. Then it measures candidate and baseline in one
 interleaved A/B run. The candidate is shipped only when the lower end of the interval of the
 measured ratio is above 1: a model's prediction is evidence for trying a plan, not for shipping it.
 
@@ -50,7 +51,7 @@ class Iteration:
 
     Attributes:
         plan: the plan file profiled.
-        profile: its profile directory.
+        profile: its profile directory under the plan's own pipeline.
         predicted_step_s: the step `optimize` predicted for it (None for the baseline).
         measured_step_s: the median steady step of its profile (slowest rank).
         next_plan: the plan `optimize` made from this profile.
@@ -175,26 +176,28 @@ def tune(
     if cfg.batch_size:
         train += ["--batch-size", str(cfg.batch_size)]
     for i in range(max_iterations + 1):
-        prof = str(work / f"profile{i}")
-        _step(
-            f"profile {plan}",
-            [
+        # the plan under each pipeline: the pair measures what the sparse-dist pipeline hides
+        prof, prof_sd = str(work / f"profile{i}"), str(work / f"profile{i}-sparse-dist")
+        for pipeline, d in (("base", prof), ("sparse-dist", prof_sd)):
+            argv = [
                 "profile",
                 *train,
                 "--plan",
                 plan,
+                "--pipeline",
+                pipeline,
                 "--steps",
                 str(profile_steps),
                 "--after",
                 str(after),
                 "--out",
-                prof,
+                d,
                 "--force",
-            ],
-            run_command,
-            echo,
+            ]
+            _step(f"profile {plan}", argv, run_command, echo)
+        _step(
+            f"analyze {prof}", ["analyze", prof, "--pipeline-profile", prof_sd], run_command, echo
         )
-        _step(f"analyze {prof}", ["analyze", prof], run_command, echo)
         nxt = str(work / f"plan{i + 1}.json")
         _step(
             f"optimize --profile {prof}",
@@ -202,8 +205,11 @@ def tune(
             run_command,
             echo,
         )
-        measured = steady_steps(prof).median_s
-        result.iterations.append(Iteration(plan, prof, predicted, measured, nxt))
+        own = (
+            prof_sd if json.loads(Path(plan).read_text()).get("pipeline") == "sparse-dist" else prof
+        )
+        measured = steady_steps(own).median_s
+        result.iterations.append(Iteration(plan, own, predicted, measured, nxt))
         pred = "—" if predicted is None else f"{predicted * 1e3:.2f} ms"
         echo(
             f"tune: iteration {i}: {Path(plan).name} predicted {pred}, measured "

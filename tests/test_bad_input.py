@@ -88,6 +88,8 @@ analyze-out-file-parent | analyze {prof} --out {blocker}/out | {blocker} $NOTDIR
 analyze-out-is-file | analyze {prof} --out {blocker} | {blocker}
 analyze-html-file-parent | analyze {prof} --out {tmp}/o --html {blocker}/r.html | {blocker} $NOTDIR
 analyze-html-no-parent | analyze {prof} --out {tmp}/o --html {tmp}/no/r.html | $CW {tmp}/no/r.html
+analyze-pipeline-profile-missing | analyze {prof} --out {tmp}/o --pipeline-profile {tmp}/nope | nope
+analyze-pipeline-same | analyze {prof} --out {tmp}/o --pipeline-profile {prof} | SparseDist
 
 compare-baseline-missing | compare {tmp}/noprofile {prof} | noprofile
 compare-candidate-is-file | compare {prof} {blocker} | {blocker}

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from sparselift.analysis.findings import key_findings
-from sparselift.analysis.pipeline import OUTPUTS, analyze, check_output_dir, write_outputs
+from sparselift.analysis.pipeline import OUTPUTS, Analysis, analyze, check_output_dir, write_outputs
+from sparselift.analysis.pipeline_overlap import PipelineOverlap, fit_pipeline_overlap
 from sparselift.analysis.summary import format_summary
 from sparselift.atomic import check_writable
 from sparselift.calibration import Calibration
+from sparselift.optimizer.topology import profiled_topology
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--html", default=None, metavar="REPORT", help="also write a self-contained HTML report"
+    )
+    p.add_argument(
+        "--pipeline-profile",
+        default=None,
+        metavar="DIR2",
+        help="a profile of the same plan under the sparse-dist pipeline (DIR under the base one): "
+        "calibrate the share of input_dist that pipeline hides",
     )
     p.set_defaults(run=run_analyze)
 
@@ -40,6 +50,14 @@ def calibration_line(cal: Calibration) -> str:
     return f"calibration: {fits}; dense_step {dense}"
 
 
+def _pipeline_fit(a: Analysis, args: argparse.Namespace) -> PipelineOverlap:
+    """The overlap measured against `--pipeline-profile`, net of the preset's overhead."""
+    topo = profiled_topology(a.calibration.to_dict(), args.dir)
+    return fit_pipeline_overlap(
+        args.dir, a.critical_path, args.pipeline_profile, topo.pipeline_overhead_s
+    )
+
+
 def run_analyze(args: argparse.Namespace) -> int:
     """Analyze args.dir, write its outputs, print the findings and the summary; 0 on success.
 
@@ -51,6 +69,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     if args.html:
         check_writable(args.html)
     a = analyze(args.dir, cache=not args.no_cache, progress=lambda line: print(line, flush=True))
+    fit = _pipeline_fit(a, args) if args.pipeline_profile else None
+    if fit is not None:
+        a.calibration = dataclasses.replace(a.calibration, pipeline_overlap=fit.overlap)
     write_outputs(a, out)
     print(key_findings(a.summary, a.critical_path, a.nodes))
     print(format_summary(a.summary, a.critical_path))
@@ -59,6 +80,13 @@ def run_analyze(args: argparse.Namespace) -> int:
         for line in a.unplaced:
             print(f"  {line}")
     print(calibration_line(a.calibration))
+    if fit is not None:
+        print(
+            f"pipeline: sparse-dist hides {fit.overlap:.0%} of input_dist's "
+            f"{fit.input_dist_s * 1e3:.2f} ms (profiled step {fit.base_step_s * 1e3:.2f} ms base, "
+            f"{fit.sparse_dist_step_s * 1e3:.2f} ms sparse-dist in {fit.sparse_dist_profile}; "
+            f"overhead {fit.overhead_s * 1e3:.2f} ms assumed)"
+        )
     print(f"wrote {', '.join(OUTPUTS)} to {out}")
     if args.html:
         # deferred: HoloViews and Bokeh take seconds to import, and only the report needs them

@@ -1,0 +1,54 @@
+"""The sparse-dist pipeline's overlap, fitted from profiles of one plan under each pipeline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sparselift.analysis.pipeline import analyze
+from sparselift.analysis.pipeline_overlap import BASE, SPARSE_DIST, fit_pipeline_overlap
+from sparselift.errors import UserError
+
+FIX = Path(__file__).parent / "fixtures" / "profile_tiny_table_wise"
+
+
+@pytest.fixture(scope="module")
+def critical_path():
+    return analyze(FIX, cache=False).critical_path
+
+
+def _profile(tmp_path: Path, name: str, pipeline: str, step_s: float) -> Path:
+    """The fixture profile under `pipeline`, every step taking `step_s` on every rank."""
+    d = tmp_path / name
+    shutil.copytree(FIX, d)
+    m = json.loads((d / "manifest.json").read_text())
+    m["pipeline"] = pipeline
+    m["step_times_s"] = [[step_s] * len(r) for r in m["step_times_s"]]
+    (d / "manifest.json").write_text(json.dumps(m))
+    return d
+
+
+def test_the_overlap_is_the_step_saved_plus_the_overhead_over_input_dist(tmp_path, critical_path):
+    input_dist = critical_path[critical_path["kind"] == "input_dist"].groupby("step")["total_s"]
+    x = float(input_dist.sum().median())
+    base = _profile(tmp_path, "b", BASE, 0.020)
+    sd = _profile(tmp_path, "s", SPARSE_DIST, 0.020 - 0.4 * x)  # saves 40 % of input_dist ...
+    fit = fit_pipeline_overlap(base, critical_path, sd, overhead_s=0.1 * x)  # ... net of 10 %
+    assert fit.overlap == pytest.approx(0.5) and fit.input_dist_s == pytest.approx(x)
+    slower = _profile(tmp_path, "s2", SPARSE_DIST, 0.030)
+    assert fit_pipeline_overlap(base, critical_path, slower, overhead_s=0.0).overlap == 0.0
+
+
+def test_profiles_that_are_not_one_plan_under_both_pipelines_are_refused(tmp_path, critical_path):
+    base = _profile(tmp_path, "b", BASE, 0.02)
+    with pytest.raises(UserError, match="need a TrainPipelineBase profile"):
+        fit_pipeline_overlap(base, critical_path, _profile(tmp_path, "c", BASE, 0.02), 0.0)
+    other = _profile(tmp_path, "o", SPARSE_DIST, 0.02)
+    m = json.loads((other / "manifest.json").read_text())
+    m["sharding"][0]["ranks"] = [1 - m["sharding"][0]["ranks"][0]]
+    (other / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match="different plans"):
+        fit_pipeline_overlap(base, critical_path, other, 0.0)
