@@ -37,4 +37,4 @@ else:
     print(f"demo: SparseLift's plan was not measured faster ({r['ratio']:.2f}x, 95 % interval "
           f"{r['low']:.2f}-{r['high']:.2f}): kept TorchRec's plan")
 PY
-echo "demo: reports in $out/report.html and $out/plans.html; notebooks in notebooks/ read $out/tune"
+echo "demo: reports in $out/report.html and $out/plans.html; notebooks in notebooks/ read $out"
