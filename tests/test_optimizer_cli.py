@@ -168,6 +168,7 @@ def test_plan_loads_and_trains(tmp_path):
     assert result.pipeline == plan.pipeline
 
 
+@pytest.mark.slow
 def test_a_large_model_whose_presolve_spends_the_budget_still_gets_a_plan(tmp_path, capsys):
     """300 tables x 64 ranks with 2 s: CP-SAT's presolve alone used the deterministic budget of
     the aggregate model (status UNKNOWN, no plan); the solver then solves without presolve."""

@@ -114,6 +114,7 @@ def test_a_plan_the_old_model_accepted_and_torchrec_says_ooms_is_refused():
     assert got.fits, (max(got.hbm_per_rank), got.hbm_budget)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,n_tables,world", [(1, 30, 8), (2, 45, 8), (3, 40, 64), (4, 60, 64)])
 def test_random_workloads_fit_torchrecs_storage_estimate(seed, n_tables, world):
     topo, batch = preset("h100x8", world), 2048
@@ -125,17 +126,16 @@ def test_random_workloads_fit_torchrecs_storage_estimate(seed, n_tables, world):
         assert r.hbm_bytes >= tr  # the model's memory is the more conservative, rank by rank
 
 
-def _budget_hooked() -> bool:
-    """Whether the optimizer plans against `hbm_budget` (the hook in problem.py, feasibility.py
-    and optimize.py) rather than the usable HBM alone."""
+def test_the_optimizer_plans_to_torchrecs_budget():
+    """The budget the solver packs into is TorchRec's reservation, not the usable HBM alone."""
     topo = preset("h100x8", 8)
     stats = synthetic_stats(4, seed=0)
     model = CostModel(topo, 8192, coefficients(topo))
     cap = Problem(stats, model, PlanWide(), {s.name: [] for s in stats}).hbm_cap
-    return cap == hbm_budget(topo, 8192, stats) < topo.usable(topo.hbm_bytes)
+    assert cap == hbm_budget(topo, 8192, stats) < topo.usable(topo.hbm_bytes)
 
 
-@pytest.mark.skipif(not _budget_hooked(), reason="the optimizer does not plan to hbm_budget yet")
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 2])
 def test_where_memory_binds_the_plan_fits_torchrecs_budget(seed):
     # weights fill 80 % of SparseLift's usable HBM and a large batch makes TorchRec reserve
