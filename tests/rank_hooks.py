@@ -45,13 +45,15 @@ class ShardingTypes:
 
 
 class SlowPlan:
-    """Sleep before every step of the run whose plan file is named `plan_name` (a test-only
-    slowdown: it makes that plan measure slower, whatever its sharding)."""
+    """A test-only slowdown of the run whose plan file is named `plan_name`: rank 0 sleeps before
+    every step, so the other ranks wait for it inside their timed step (the harness times a step
+    without its hooks, and takes the slowest rank)."""
 
     def __init__(self, ctx, plan_name: str, delay_s: float = 0.05) -> None:
         from pathlib import Path
 
-        self.slow = ctx.cfg.plan is not None and Path(ctx.cfg.plan).name == plan_name
+        named = ctx.cfg.plan is not None and Path(ctx.cfg.plan).name == plan_name
+        self.slow = named and ctx.rank == 0
         self.delay_s = delay_s
 
     def step_begin(self, step: int) -> None:
