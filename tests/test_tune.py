@@ -31,21 +31,19 @@ def test_the_interval_is_of_the_per_round_ratios():
     assert ratio_interval([0.9, 1.1, 1.0])[1] < 1.0 < ratio_interval([0.9, 1.1, 1.0])[2]
 
 
+def _tune(tmp_path, baseline, out, **ab_hook):
+    """`tune` of tiny on 2 ranks against `baseline`, its A/B runs under `ab_hook`."""
+    cfg = TrainConfig(workload="tiny", nproc=2, steps=10, warmup=2)
+    return tune(
+        cfg, out, tmp_path / "work", main, baseline=baseline, echo=lambda s: None, **ab_hook, **LOOP
+    )
+
+
 @pytest.mark.slow
 def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
-    cfg = TrainConfig(workload="tiny", nproc=2, steps=10, warmup=2)
     out = tmp_path / "shipped.json"
-    res = tune(
-        cfg,
-        out,
-        tmp_path / "work",
-        main,
-        baseline=baseline,
-        echo=lambda s: None,
-        ab_hook="rank_hooks:SlowPlan",
-        ab_hook_args={"plan_name": "plan1.json"},
-        **LOOP,
-    )
+    slow = {"ab_hook": "rank_hooks:SlowPlan", "ab_hook_args": {"plan_name": "plan1.json"}}
+    res = _tune(tmp_path, baseline, out, **slow)
     assert res.candidate.endswith("plan1.json") and len(res.ab_ratios) == 2
     assert res.high is not None and res.high < 1.0 and res.shipped == "baseline"
     assert out.read_bytes() == open(baseline, "rb").read()
@@ -55,18 +53,8 @@ def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
 
 @pytest.mark.slow
 def test_a_failing_rank_stops_tune_and_leaves_the_last_good_plan(tmp_path, baseline):
-    cfg = TrainConfig(workload="tiny", nproc=2, steps=10, warmup=2)
     out = tmp_path / "shipped.json"
     out.write_text("last good plan")
     with pytest.raises(RankFailed, match="injected failure on rank 1"):
-        tune(
-            cfg,
-            out,
-            tmp_path / "work",
-            main,
-            baseline=baseline,
-            echo=lambda s: None,
-            ab_hook="rank_hooks:CrashOnRank",
-            **LOOP,
-        )
+        _tune(tmp_path, baseline, out, ab_hook="rank_hooks:CrashOnRank")
     assert out.read_text() == "last good plan"

@@ -24,6 +24,7 @@ from sparselift.errors import UserError
 CACHE_DIR = ".sparselift-cache"
 CACHE_VERSION = 1
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
+DERIVED_COLUMNS = ("thread", "end")  # of COLUMNS: computed after parsing, not read per event
 COLUMNS = [
     "name",
     "cat",
@@ -123,25 +124,7 @@ def parse_trace(doc: Any, path: str) -> Trace:
                 _int(a.get("bytes")),
             )
         )
-    df = pd.DataFrame(
-        rows,
-        columns=[
-            "name",
-            "cat",
-            "pid",
-            "tid",
-            "ts",
-            "dur",
-            "ext_id",
-            "correlation",
-            "seq",
-            "stream",
-            "device",
-            "input_dims",
-            "input_types",
-            "bytes",
-        ],
-    )
+    df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in DERIVED_COLUMNS])
     for c in ("ext_id", "correlation", "seq", "stream", "device", "bytes"):
         df[c] = df[c].astype("Int64")
     df["thread"] = [thread_names.get((p, t), "") for p, t in zip(df["pid"], df["tid"], strict=True)]
