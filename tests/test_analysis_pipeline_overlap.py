@@ -39,7 +39,8 @@ def test_the_overlap_is_the_step_saved_plus_the_overhead_over_input_dist(tmp_pat
     fit = fit_pipeline_overlap(base, critical_path, sd, overhead_s=0.1 * x)  # ... net of 10 %
     assert fit.overlap == pytest.approx(0.5) and fit.input_dist_s == pytest.approx(x)
     slower = _profile(tmp_path, "s2", SPARSE_DIST, 0.030)
-    assert fit_pipeline_overlap(base, critical_path, slower, overhead_s=0.0).overlap == 0.0
+    worse = fit_pipeline_overlap(base, critical_path, slower, overhead_s=0.0)
+    assert worse.share == pytest.approx(-0.010 / x) and worse.overlap == 0.0
 
 
 def test_profiles_that_are_not_one_plan_under_both_pipelines_are_refused(tmp_path, critical_path):

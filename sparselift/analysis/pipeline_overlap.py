@@ -28,6 +28,8 @@ class PipelineOverlap:
 
     Attributes:
         overlap: share of the base profile's input_dist the sparse-dist pipeline hides, in [0, 1].
+        share: the same share as measured, before limiting it to [0, 1] (below 0: the pipeline
+            made the step slower).
         input_dist_s: the base profile's input_dist per step (slowest rank, median).
         base_step_s, sparse_dist_step_s: median profiled step of each profile (slowest rank).
         overhead_s: the pipeline's per-step overhead the fit assumed (the cost model's).
@@ -35,6 +37,7 @@ class PipelineOverlap:
     """
 
     overlap: float
+    share: float
     input_dist_s: float
     base_step_s: float
     sparse_dist_step_s: float
@@ -90,6 +93,7 @@ def fit_pipeline_overlap(
     share = (step_b - step_s + overhead_s) / input_dist
     return PipelineOverlap(
         overlap=min(1.0, max(0.0, share)),
+        share=share,
         input_dist_s=input_dist,
         base_step_s=step_b,
         sparse_dist_step_s=step_s,

@@ -82,7 +82,8 @@ def run_analyze(args: argparse.Namespace) -> int:
     print(calibration_line(a.calibration))
     if fit is not None:
         print(
-            f"pipeline: sparse-dist hides {fit.overlap:.0%} of input_dist's "
+            f"pipeline: sparse-dist hides {fit.overlap:.0%} (measured {fit.share:.0%}) of "
+            "input_dist's "
             f"{fit.input_dist_s * 1e3:.2f} ms (profiled step {fit.base_step_s * 1e3:.2f} ms base, "
             f"{fit.sparse_dist_step_s * 1e3:.2f} ms sparse-dist in {fit.sparse_dist_profile}; "
             f"overhead {fit.overhead_s * 1e3:.2f} ms assumed)"
