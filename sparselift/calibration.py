@@ -23,6 +23,7 @@ from typing import Any
 from sparselift.atomic import json_bytes, write_bytes
 from sparselift.errors import UserError
 from sparselift.jsonfile import read_versioned
+from sparselift.kernels import LookupUnit
 
 FORMAT = "sparselift-calibration"
 VERSION = 1
@@ -52,6 +53,8 @@ class OpFit:
             b_s already fit exposed time); None when not measured.
         calls: calls per rank and step in the profile (sharding-type groups).
         sync_s: distributions: the step's expected wait per call for ranks arriving at random.
+        unique_weight, bag_weight: CPU lookups: the work unit's κ and μ (`kernels.LookupUnit`)
+            where the calibration refitted them; None: the kernel benchmark's.
     """
 
     x: str
@@ -62,6 +65,8 @@ class OpFit:
     overlap: float | None = None
     calls: float = 1.0
     sync_s: float = 0.0
+    unique_weight: float | None = None
+    bag_weight: float | None = None
 
     def cost(self, x: float, calls: float = 1.0) -> float:
         """Exposed seconds of `calls` calls that handle `x` units in all, never negative."""
@@ -80,6 +85,7 @@ class Provenance:
         samples: per-call samples the fits used.
         step_time_s_median: median measured step time (slowest rank), seconds.
         step_time_s_min: fastest measured step time (slowest rank), seconds.
+        profiles: every profile fitted together, when there were several ([] for one).
     """
 
     profile: str | None = None
@@ -88,6 +94,27 @@ class Provenance:
     samples: int | None = None
     step_time_s_median: float | None = None
     step_time_s_min: float | None = None
+    profiles: list[str] = field(default_factory=list)
+
+
+@dataclass
+class HeldOut:
+    """One profile's leave-one-out check: its step predicted by the fit on the other profiles.
+
+    Attributes:
+        profile: the profile left out.
+        measured_step_s: its fastest measured step (slowest rank), the step the fit targets.
+        predicted_step_s: that step under the calibration fitted without it.
+    """
+
+    profile: str
+    measured_step_s: float
+    predicted_step_s: float
+
+    @property
+    def error(self) -> float:
+        """(predicted − measured) ÷ measured."""
+        return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
 
 
 @dataclass
@@ -104,6 +131,7 @@ class Calibration:
         provenance: where the calibration comes from.
         pipeline_overlap: share of input_dist the sparse-dist pipeline hides; None (the usual
             case: the analysis does not measure it) leaves the topology's.
+        held_out: with several profiles, each one's leave-one-out prediction ([] otherwise).
     """
 
     device: str | None
@@ -114,6 +142,7 @@ class Calibration:
     dense_step_s: float | None
     provenance: Provenance = field(default_factory=Provenance)
     pipeline_overlap: float | None = None
+    held_out: list[HeldOut] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object written to calibration.json (keys in file order)."""
@@ -130,6 +159,8 @@ class Calibration:
         }
         if self.pipeline_overlap is not None:
             out["pipeline_overlap"] = self.pipeline_overlap
+        if self.held_out:
+            out["held_out"] = [dict(dataclasses.asdict(h), error=h.error) for h in self.held_out]
         return out
 
     def to_bytes(self) -> bytes:
@@ -170,6 +201,7 @@ class Calibration:
             dense_step_s=_optional_number(doc, "dense_step_s", where),
             provenance=_provenance(prov or {}, where),
             pipeline_overlap=_optional_number(doc, "pipeline_overlap", where),
+            held_out=_held_out(doc.get("held_out"), where),
         )
 
     @classmethod
@@ -181,6 +213,19 @@ class Calibration:
                 version, or a field is wrong (`from_dict`); the message names the file.
         """
         return cls.from_dict(read_checked(path), str(path))
+
+
+def lookup_unit(ops: Mapping[str, OpFit]) -> LookupUnit:
+    """The CPU lookup unit that the lookup fits among `ops` count x in: the kernel benchmark's
+    weights where a fit did not refit them."""
+    kw: dict[str, float] = {}
+    for kind, side in (("lookup_fwd", "fwd"), ("lookup_bwd", "bwd")):
+        fit = ops.get(kind)
+        if fit is not None and fit.unique_weight is not None:
+            kw[f"unique_{side}"] = fit.unique_weight
+        if fit is not None and fit.bag_weight is not None:
+            kw[f"bag_{side}"] = fit.bag_weight
+    return LookupUnit(**kw)
 
 
 def read_checked(path: str | Path) -> dict[str, Any]:
@@ -227,8 +272,9 @@ def _op_fit(kind: Any, op: Any, where: str) -> OpFit:
     at = f"op {kind!r}: "
     x = _optional(op, "x", str, where, at)
     n = _optional(op, "n", int, where, at)
-    r2, overlap, calls, sync_s = (
-        _optional_number(op, k, where, at) for k in ("r2", "overlap", "calls", "sync_s")
+    r2, overlap, calls, sync_s, unique_w, bag_w = (
+        _optional_number(op, k, where, at)
+        for k in ("r2", "overlap", "calls", "sync_s", "unique_weight", "bag_weight")
     )
     return OpFit(
         x="" if x is None else x,
@@ -239,6 +285,8 @@ def _op_fit(kind: Any, op: Any, where: str) -> OpFit:
         overlap=overlap,
         calls=1.0 if calls is None else calls,
         sync_s=0.0 if sync_s is None else sync_s,
+        unique_weight=unique_w,
+        bag_weight=bag_w,
     )
 
 
@@ -248,6 +296,11 @@ def _provenance(prov: Mapping[str, Any], where: str) -> Provenance:
     manifest = prov.get("manifest")
     if manifest is not None and not isinstance(manifest, dict):
         raise UserError(f"{where}: {at}manifest must be an object")
+    profiles = prov.get("profiles")
+    if profiles is not None and not (
+        isinstance(profiles, list) and all(isinstance(x, str) for x in profiles)
+    ):
+        raise UserError(f"{where}: {at}profiles must be a list of strings")
     return Provenance(
         profile=_optional(prov, "profile", str, where, at),
         created_unix=_optional_number(prov, "created_unix", where, at),
@@ -255,4 +308,27 @@ def _provenance(prov: Mapping[str, Any], where: str) -> Provenance:
         samples=_optional(prov, "samples", int, where, at),
         step_time_s_median=_optional_number(prov, "step_time_s_median", where, at),
         step_time_s_min=_optional_number(prov, "step_time_s_min", where, at),
+        profiles=profiles or [],
     )
+
+
+def _held_out(doc: Any, where: str) -> list[HeldOut]:
+    """The optional `held_out` list, checked entry by entry."""
+    if doc is None:
+        return []
+    if not isinstance(doc, list):
+        raise UserError(f"{where}: held_out must be a list")
+    out = []
+    for i, h in enumerate(doc):
+        at = f"held_out[{i}]."
+        if not isinstance(h, Mapping):
+            raise UserError(f"{where}: held_out[{i}] must be an object")
+        profile = _optional(h, "profile", str, where, at)
+        measured = _optional_number(h, "measured_step_s", where, at)
+        predicted = _optional_number(h, "predicted_step_s", where, at)
+        if profile is None or measured is None or predicted is None or measured <= 0:
+            raise UserError(
+                f"{where}: {at[:-1]} needs profile, measured_step_s > 0 and predicted_step_s"
+            )
+        out.append(HeldOut(profile, measured, predicted))
+    return out

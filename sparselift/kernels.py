@@ -16,6 +16,7 @@ calibration fits seconds per unit from the profile's own traces.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -25,6 +26,34 @@ ID_BYTES, LENGTH_BYTES, FLOAT_BYTES = 8, 4, 4  # an id, a bag length, an embeddi
 # κ: one distinct row costs κ ids; μ: one pooled output element costs μ ids (FBGEMM, one CPU thread)
 CPU_UNIQUE_WEIGHT = {"lookup_fwd": 5.0, "lookup_bwd": 41.0}
 CPU_BAG_WEIGHT = {"lookup_fwd": 0.22, "lookup_bwd": 0.06}
+
+
+@dataclass(frozen=True)
+class LookupUnit:
+    """The CPU work unit's weights: one distinct row costs κ ids, one pooled element μ ids.
+
+    The defaults are the kernel benchmark's; a calibration that can tell the terms apart (calls of
+    several plans mix ids, distinct rows and bags differently) refits them for the profiled host.
+    """
+
+    unique_fwd: float = CPU_UNIQUE_WEIGHT["lookup_fwd"]
+    unique_bwd: float = CPU_UNIQUE_WEIGHT["lookup_bwd"]
+    bag_fwd: float = CPU_BAG_WEIGHT["lookup_fwd"]
+    bag_bwd: float = CPU_BAG_WEIGHT["lookup_bwd"]
+
+    def weights(self, kind: str) -> tuple[float, float]:
+        """(κ, μ) of lookup kind "lookup_fwd" or "lookup_bwd".
+
+        Raises:
+            KeyError: another kind.
+        """
+        if kind not in ("lookup_fwd", "lookup_bwd"):
+            raise KeyError(kind)
+        fwd = kind == "lookup_fwd"
+        return (self.unique_fwd, self.bag_fwd) if fwd else (self.unique_bwd, self.bag_bwd)
+
+
+KERNEL_UNIT = LookupUnit()
 
 # Fixed cost of one call on a CPU rank, measured on its own: a profile sees about one size per call
 # and cannot tell a call's fixed cost from its size by itself. Lookups: FBGEMM's CPU kernel
@@ -39,6 +68,8 @@ CPU_CALL_S = {
     "output_dist_bwd": 5.0e-4,
 }
 CPU_DIST_B_S = 2e-9  # seconds per byte of a distribution call, host work and wire together
+# seconds per work unit of FBGEMM's CPU TBE, one thread (benchmarks/bench_lookup_kernel.py)
+CPU_WORK_B_S = {"lookup_fwd": 3.2e-9, "lookup_bwd": 1.1e-8}
 
 
 def gpu_row_penalty(dim: float) -> float:
@@ -53,7 +84,13 @@ def gpu_row_penalty(dim: float) -> float:
 
 
 def lookup_work(
-    kind: str, device: str, ids: float, unique: float, dim: float, bag_elems: float = 0.0
+    kind: str,
+    device: str,
+    ids: float,
+    unique: float,
+    dim: float,
+    bag_elems: float = 0.0,
+    unit: LookupUnit = KERNEL_UNIT,
 ) -> float:
     """Units of work of one lookup call, the unit its time is fitted per.
 
@@ -64,6 +101,7 @@ def lookup_work(
         unique: distinct rows among them (CPU only).
         dim: the rows' width (CUDA only).
         bag_elems: pooled output elements written (bags × dim, summed over the call's tables).
+        unit: the CPU unit's weights (the kernel benchmark's unless a calibration refitted them).
     Returns:
         The work units.
     Raises:
@@ -71,7 +109,8 @@ def lookup_work(
     """
     if device == "cuda":  # read the ids (8 B = 2 elements), gather rows (32 lanes at least), bags
         return gpu_row_penalty(dim) * (ids * (2.0 + max(dim, 32.0)) + bag_elems)
-    return ids + CPU_UNIQUE_WEIGHT[kind] * unique + CPU_BAG_WEIGHT[kind] * bag_elems
+    kappa, mu = unit.weights(kind)
+    return ids + kappa * unique + mu * bag_elems
 
 
 def expected_unique(rows: int, alpha: float, draws: float) -> float:

@@ -39,8 +39,11 @@ def _error(analyses, cal_on, target):
 def test_fit_calls_uses_sizes_when_they_differ_and_the_measured_fixed_cost_otherwise():
     a, b = _fit_calls([1, 2, 3, 4], [3, 5, 7, 9])
     assert (a, b) == pytest.approx((1, 2))
-    assert _fit_calls([1, 2, 3, 4], [3, 5, 7, 9], fixed=0.5) == pytest.approx(
-        (0.5, (2.5 * 1 + 4.5 * 2 + 6.5 * 3 + 8.5 * 4) / 30)
+    # sizes that determine the intercept: the samples' own, not the prior's
+    assert _fit_calls([1, 2, 3, 4], [3, 5, 7, 9], fixed=0.5) == pytest.approx((1, 2))
+    # an intercept the samples leave uncertain (1.5 ± 1.2): at most the prior
+    assert _fit_calls([1, 2, 3, 4], [3, 6, 6, 9], fixed=0.5) == pytest.approx(
+        (0.5, (2.5 * 1 + 5.5 * 2 + 5.5 * 3 + 8.5 * 4) / 30)
     )
     # time does not grow: all fixed
     assert _fit_calls([1, 2, 4], [3, 3, 3]) == pytest.approx((3, 0))

@@ -6,13 +6,20 @@ calls are fitted on the rank that waited least, so that waiting for a slow peer 
 bandwidth; what ranks arriving at random add to each collective is priced apart, per call
 (`sync_s`). A profile sees about one size per call, so each call's fixed cost comes from measuring
 that call on its own (`kernels.CPU_CALL_S`) unless the profile's calls differ enough in size to
-tell. `dense_step_s` is what is left of the fastest measured step (slowest rank) when the sparse
-path's modelled cost is taken out, so that predicting the profiled plan gives back that step time.
+tell; on CPU, calls of several plans can also refit the lookup unit's weights (`unit_fit`).
+`dense_step_s` is what is left of the fastest measured step (slowest rank) when the sparse path's
+modelled cost is taken out, so that predicting the profiled plan gives back that step time.
+
+A calibration is fitted from one profile or several of the same job (`fit_evidence`): each
+profile's samples are gathered first (`profile_evidence`), then every op kind is fitted on all of
+them together, and the dense step is the median of the profiles' own.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -21,13 +28,15 @@ import pandas as pd
 from sparselift.analysis.samples import (
     LOOKUPS,
     call_samples,
-    lookup_work_per_node,
+    lookup_parts_per_node,
+    lookup_work_of,
     with_plan_bytes,
 )
+from sparselift.analysis.unit_fit import MAX_REL_SE, refit_unit
 from sparselift.analysis.volumes import dist_bytes
-from sparselift.calibration import UNITS, Calibration, OpFit, Provenance
+from sparselift.calibration import UNITS, Calibration, OpFit, Provenance, lookup_unit
 from sparselift.errors import UserError
-from sparselift.kernels import CPU_CALL_S
+from sparselift.kernels import CPU_CALL_S, KERNEL_UNIT, LookupUnit
 
 # the manifest fields a calibration carries along (optimize reads the hardware from them)
 MANIFEST_FIELDS = (
@@ -56,9 +65,10 @@ def _fit_calls(x: Any, y: Any, fixed: float | None = None) -> LineFit:
     """A line through per-call samples (x, y), with a ≤ min y.
 
     Where the calls' x differ (by > 20 %), a is the line's intercept (the smallest y when time does
-    not grow with x), at most `fixed`. Where they do not, one size alone cannot tell a fixed cost
-    from a per-unit one: a is `fixed`, the call's fixed cost measured on its own
-    (`kernels.CPU_CALL_S`), or 0 without one. b takes the rest of the time per unit of x.
+    not grow with x), at most `fixed` unless the samples determine it (its standard error within
+    `unit_fit.MAX_REL_SE` of it: then at most the smallest y). Where they do not, one size alone
+    cannot tell a fixed cost from a per-unit one: a is `fixed`, the call's fixed cost measured on
+    its own (`kernels.CPU_CALL_S`), or 0 without one. b takes the rest of the time per unit of x.
     """
     x, y = np.asarray(x, float), np.asarray(y, float)
     if len(x) == 0 or not np.any(x > 0):
@@ -67,33 +77,56 @@ def _fit_calls(x: Any, y: Any, fixed: float | None = None) -> LineFit:
     a = 0.0 if fixed is None else cap
     if x.max() > 1.2 * x.min() > 0:
         b1, a1 = np.polyfit(x, y, 1)
+        if b1 > 0 and a1 > 0 and len(x) >= 4:
+            cov = np.polyfit(x, y, 1, cov=True)[1]
+            if np.sqrt(max(cov[1, 1], 0.0)) <= MAX_REL_SE * a1:
+                cap = y.min()  # determined by the samples: the prior does not bound it
         a = float(np.clip(a1 if b1 > 0 else y.min(), 0.0, cap))
     return LineFit(float(a), max(0.0, float(((y - a) * x).sum() / (x * x).sum())))
 
 
-def fit_ops(calls: pd.DataFrame, fixed: dict[str, float] | None = None) -> dict[str, OpFit]:
+def fit_ops(
+    calls: pd.DataFrame, fixed: dict[str, float] | None = None, device: str = "cpu"
+) -> dict[str, OpFit]:
     """Fit each op kind present in `calls`: a_s per call, b_s per unit of x.
 
-    Lookups are fitted through the calls' medians per (rank, group): ranks and groups look up
-    different amounts. Distributions: per (step, group), the exposed time of the rank that waited
-    least (the last to arrive: it did not wait for a slow peer) against the most any rank moved; a
-    collective ends together on every rank, so its time goes with the largest share.
+    Lookups are fitted through the calls' medians per (profile, rank, group): ranks and groups
+    look up different amounts. On CPU, where those calls determine the unit's weights
+    (`unit_fit.refit_unit`), x is recounted in the refitted unit. Distributions: per (profile,
+    step, group), the exposed time of the rank that waited least (the last to arrive: it did not
+    wait for a slow peer) against the most any rank moved; a collective ends together on every
+    rank, so its time goes with the largest share.
 
     Args:
-        calls: per-call samples (`samples.call_samples`).
+        calls: per-call samples (`samples.call_samples`), with a `profile` column when they come
+            from several profiles.
         fixed: known per-call fixed costs by kind (`kernels.CPU_CALL_S` on CPU), or None.
+        device: the profiled device ("cpu" or "cuda"; the lookup unit is refitted on CPU only).
     Returns:
-        An OpFit per kind, with its r2, sample count, overlap share and (distributions) sync_s.
+        An OpFit per kind, with its r2, sample count, overlap share, (distributions) sync_s and
+        (refitted lookups) unique_weight / bag_weight.
     """
+    calls = calls if "profile" in calls else calls.assign(profile=0)
     ops = {}
     for kind, samples in calls.groupby("kind"):
         prior = (fixed or {}).get(kind)
         lookup = kind.startswith("lookup")
+        weights: tuple[float | None, float | None] = (None, None)
         if lookup:
-            med = samples.groupby(["rank", "group"])[["x", "y"]].median()
-            line = _fit_calls(med["x"].values, med["y"].values, prior)
+            cols = ["x", "y", "ids", "unique", "bag_elems"]
+            med = samples.groupby(["profile", "rank", "group"])[cols].median()
+            unit = refit_unit(med, *KERNEL_UNIT.weights(kind)) if device == "cpu" else None
+            if unit is not None:
+                weights = (unit.kappa, unit.mu)
+                refitted = _unit_with(kind, unit.kappa, unit.mu)
+                samples = samples.assign(
+                    x=lookup_work_of(samples, samples["kind"], "cpu", refitted)
+                )
+                line = LineFit(min(unit.a_s, float(med["y"].min())), unit.b_s)
+            else:
+                line = _fit_calls(med["x"].values, med["y"].values, prior)
         else:
-            by_call = samples.groupby(["step", "group"])
+            by_call = samples.groupby(["profile", "step", "group"])
             least = samples.loc[by_call["wait"].idxmin()]
             most_moved = by_call["x"].transform("max").loc[least.index]
             line = _fit_calls(most_moved.values, least["y"].values, prior)
@@ -114,10 +147,21 @@ def fit_ops(calls: pd.DataFrame, fixed: dict[str, float] | None = None) -> dict[
             r2=r2,
             n=int(len(samples)),
             overlap=overlap,
-            calls=float(samples.groupby(["rank", "step"])["calls"].first().mean()),
+            calls=float(samples.groupby(["profile", "rank", "step"])["calls"].first().mean()),
             sync_s=0.0 if lookup else sync_wait(samples),
+            unique_weight=weights[0],
+            bag_weight=weights[1],
         )
     return ops
+
+
+def _unit_with(kind: str, kappa: float | None, mu: float | None) -> LookupUnit:
+    """The kernel's unit with kind's κ and μ replaced where refitted."""
+    k0, m0 = KERNEL_UNIT.weights(kind)
+    k, m = k0 if kappa is None else kappa, m0 if mu is None else mu
+    if kind == "lookup_fwd":
+        return LookupUnit(unique_fwd=k, bag_fwd=m)
+    return LookupUnit(unique_bwd=k, bag_bwd=m)
 
 
 def sync_wait(calls: pd.DataFrame) -> float:
@@ -129,12 +173,14 @@ def sync_wait(calls: pd.DataFrame) -> float:
     latest rank's lateness over the ranks' mean.
 
     Args:
-        calls: one op kind's samples (`group`, `step`, `rank`, `wait` columns).
+        calls: one op kind's samples (`group`, `step`, `rank`, `wait` columns; `profile` when
+            they come from several profiles).
     Returns:
-        The mean over groups and steps; 0 without at least 2 ranks and 3 steps.
+        The mean over (profile,) groups and steps; 0 without at least 2 ranks and 3 steps.
     """
     out = []
-    for _, g in calls.groupby("group"):
+    keys = ["profile", "group"] if "profile" in calls else ["group"]
+    for _, g in calls.groupby(keys):
         w = g.pivot_table(index="step", columns="rank", values="wait")
         if w.shape[1] < 2 or len(w) < 3:
             continue
@@ -155,6 +201,8 @@ def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
     Returns:
         The fit (a_s = 0), or None when the profile has no such call.
     """
+    if nodes.empty:
+        return None
     dp = nodes[
         (nodes["kind"] == "dp_allreduce") & (nodes["part"] == "collective") & (nodes["bytes"] > 0)
     ]
@@ -164,17 +212,24 @@ def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
     return OpFit(x=UNITS["dp_allreduce"], a_s=0.0, b_s=b, r2=0.0, n=int(len(dp)), overlap=0.0)
 
 
-def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit]) -> pd.Series:
+def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu") -> pd.Series:
     """Modelled sparse-path seconds per step, composed as the optimizer's cost model does.
 
     Per kind: the per-call costs of the groups present plus the per-unit work, on the slowest rank.
+    Lookup work is recounted in the unit `ops` were fitted in (`lookup_unit`).
 
     Args:
-        calls: per-call samples.
+        calls: per-call samples of one profile.
         ops: the fits of every kind in `calls`.
+        device: the profiled device (the lookup unit differs).
     Returns:
         Seconds, indexed by step.
     """
+    unit = lookup_unit(ops)
+    if unit != KERNEL_UNIT and device == "cpu":
+        look = calls["kind"].isin(LOOKUPS)
+        calls = calls.copy()
+        calls.loc[look, "x"] = lookup_work_of(calls[look], calls.loc[look, "kind"], device, unit)
     per = (
         calls.groupby(["step", "kind", "rank"])
         .agg(x=("x", "sum"), n=("group", "count"))
@@ -186,15 +241,38 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit]) -> pd.Series:
     return per.groupby(["step", "kind"])["cost"].max().groupby("step").sum()
 
 
-def calibrate(
+@dataclass
+class ProfileEvidence:
+    """One profile's samples, gathered before any fit (so that several can be fitted together).
+
+    Attributes:
+        profile: the profile directory.
+        manifest: its manifest.
+        device: "cpu" or "cuda".
+        world_size: ranks profiled.
+        calls: per-call samples of its quieter steps (`samples.call_samples`).
+        step_s: each step's time, slowest rank (indexed by step).
+        dp: its data-parallel allreduce collectives (`dp_allreduce_fit`'s input).
+    """
+
+    profile: str
+    manifest: dict[str, Any]
+    device: str
+    world_size: int
+    calls: pd.DataFrame
+    step_s: pd.Series
+    dp: pd.DataFrame
+
+
+def profile_evidence(
     nodes: pd.DataFrame,
     steps: pd.DataFrame,
     manifest: dict[str, Any],
     profile_dir: str,
     access: pd.DataFrame | None = None,
     plan_tables: pd.DataFrame | None = None,
-) -> Calibration:
-    """Fit every op kind present in a profile; dense_step_s closes the measured step time.
+) -> ProfileEvidence:
+    """Gather one profile's call samples and step times.
 
     Args:
         nodes: graph nodes (`reconstruct.build_graph`).
@@ -204,7 +282,7 @@ def calibrate(
         access: the profile's access statistics, if recorded.
         plan_tables: the plan in force, one row per shard.
     Returns:
-        The Calibration (its provenance stamped with the current time).
+        The evidence (lookup samples carry their parts: ids, distinct rows, pooled elements).
     Raises:
         UserError: the quieter steps have no sparse-path call to fit on.
     """
@@ -216,9 +294,11 @@ def calibrate(
         tables = (
             plan_tables if plan_tables is not None else pd.DataFrame(columns=PLAN_TABLE_COLUMNS)
         )
-        nodes.loc[look, "x"] = lookup_work_per_node(nodes[look], access, tables, device, world)
-    by_step = steps.groupby("step")["dur_s"].max().to_frame("step_s")
-    quiet = by_step.index[by_step["step_s"] <= by_step["step_s"].median()]
+        parts = lookup_parts_per_node(nodes[look], access, tables, world)
+        nodes.loc[look, "x"] = lookup_work_of(parts, nodes.loc[look, "kind"], device)
+        nodes.loc[look, ["ids", "unique", "bag_elems"]] = parts[["ids", "unique", "bag_elems"]]
+    step_s = steps.groupby("step")["dur_s"].max()
+    quiet = step_s.index[step_s <= step_s.median()]
     nodes = nodes[nodes["step"].isin(quiet)]
     calls = call_samples(nodes, world)
     if calls.empty:
@@ -230,29 +310,72 @@ def calibrate(
         and not plan_tables.empty
     ):
         calls = with_plan_bytes(calls, dist_bytes(access, plan_tables, manifest))
-    ops = fit_ops(calls, CPU_CALL_S if device == "cpu" else None)
-    dp = dp_allreduce_fit(nodes)
+    dp = nodes[nodes["kind"] == "dp_allreduce"]
+    return ProfileEvidence(str(profile_dir), manifest, device, world, calls, step_s, dp)
+
+
+def dense_of(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:
+    """The profile's dense step under `ops`: its fastest step less that step's modelled sparse
+    path (on a shared host, other processes only ever add time)."""
+    sparse = sparse_cost(ev.calls, ops, ev.device).reindex(ev.step_s.index).fillna(0.0)
+    best = ev.step_s.idxmin()
+    return max(float(ev.step_s.at[best] - sparse.at[best]), 0.0)
+
+
+def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
+    """Fit one calibration on one or several profiles of the same job.
+
+    Every op kind is fitted on all profiles' calls together; the dense step is the median of
+    each profile's (`dense_of`): the dense part is the same model in every plan.
+
+    Args:
+        evidence: `profile_evidence` of each profile (the first names the calibration).
+    Returns:
+        The Calibration (its provenance stamped with the current time, listing every profile).
+    """
+    first = evidence[0]
+    calls = pd.concat(
+        [ev.calls.assign(profile=i) for i, ev in enumerate(evidence)], ignore_index=True
+    )
+    ops = fit_ops(calls, CPU_CALL_S if first.device == "cpu" else None, first.device)
+    dp = dp_allreduce_fit(pd.concat([ev.dp for ev in evidence]))
     if dp is not None:
         ops["dp_allreduce"] = dp
-    by_step["sparse"] = sparse_cost(calls, ops)
-    by_step["sparse"] = by_step["sparse"].fillna(0.0)
-    # the least-disturbed step: on a shared host, other processes only ever add time
-    best = by_step["step_s"].idxmin()
-    dense = float(by_step.at[best, "step_s"] - by_step.at[best, "sparse"])
+    dense = statistics.median(dense_of(ev, ops) for ev in evidence)
     provenance = Provenance(
-        profile=str(profile_dir),
+        profile=first.profile,
         created_unix=time.time(),
-        manifest={k: manifest.get(k) for k in MANIFEST_FIELDS},
+        manifest={k: first.manifest.get(k) for k in MANIFEST_FIELDS},
         samples=int(len(calls)),
-        step_time_s_median=float(by_step["step_s"].median()),
-        step_time_s_min=float(by_step["step_s"].min()),
+        step_time_s_median=float(first.step_s.median()),
+        step_time_s_min=float(first.step_s.min()),
+        profiles=[ev.profile for ev in evidence] if len(evidence) > 1 else [],
     )
     return Calibration(
-        device=device,
-        backend=manifest.get("backend"),
-        world_size=world,
-        batch_size=manifest.get("batch_size"),
+        device=first.device,
+        backend=first.manifest.get("backend"),
+        world_size=first.world_size,
+        batch_size=first.manifest.get("batch_size"),
         ops=ops,
-        dense_step_s=max(dense, 0.0),
+        dense_step_s=dense,
         provenance=provenance,
+    )
+
+
+def calibrate(
+    nodes: pd.DataFrame,
+    steps: pd.DataFrame,
+    manifest: dict[str, Any],
+    profile_dir: str,
+    access: pd.DataFrame | None = None,
+    plan_tables: pd.DataFrame | None = None,
+) -> Calibration:
+    """Fit every op kind present in one profile; dense_step_s closes the measured step time.
+
+    Args and Raises: as `profile_evidence`.
+    Returns:
+        `fit_evidence` of that profile alone.
+    """
+    return fit_evidence(
+        [profile_evidence(nodes, steps, manifest, profile_dir, access, plan_tables)]
     )

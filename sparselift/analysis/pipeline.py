@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from sparselift.analysis.fit import calibrate
+from sparselift.analysis.fit import ProfileEvidence, fit_evidence, profile_evidence
 from sparselift.analysis.names import SPARSE_STAGES
 from sparselift.analysis.profile import load_profile
 from sparselift.analysis.reconstruct import build_graph
@@ -39,6 +39,8 @@ class Analysis:
         unplaced: one line per event or collective that could not be placed.
         manifest: the profile's manifest, as read and checked.
         access_stats: the profile's access statistics, if it has them.
+        evidence: the samples the calibration was fitted on (for fitting several profiles
+            together, `joint.fit_jointly`).
     """
 
     nodes: pd.DataFrame
@@ -50,6 +52,7 @@ class Analysis:
     unplaced: list[str]
     manifest: dict[str, Any]
     access_stats: pd.DataFrame | None
+    evidence: ProfileEvidence
 
 
 def analyze(
@@ -78,7 +81,7 @@ def analyze(
                 f"annotations in the profiled steps)"
             )
     summary = summarize(graph.nodes, graph.steps)
-    calibration = calibrate(
+    evidence = profile_evidence(
         graph.nodes, graph.steps, prof.manifest, str(path), prof.access_stats, prof.plan_tables
     )
     return Analysis(
@@ -87,10 +90,11 @@ def analyze(
         steps=graph.steps,
         summary=summary,
         critical_path=critical_path(graph.nodes, summary),
-        calibration=calibration,
+        calibration=fit_evidence([evidence]),
         unplaced=graph.unplaced,
         manifest=prof.manifest,
         access_stats=prof.access_stats,
+        evidence=evidence,
     )
 
 

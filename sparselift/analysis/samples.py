@@ -12,11 +12,24 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sparselift.kernels import expected_unique, lookup_work
+from sparselift.kernels import KERNEL_UNIT, LookupUnit, expected_unique, lookup_work
 
 LOOKUPS = ("lookup_fwd", "lookup_bwd")
 DIST = ("input_dist", "output_dist_fwd", "output_dist_bwd")
-SAMPLE_COLUMNS = ["rank", "step", "kind", "group", "x", "y", "wait", "transfer", "calls"]
+SAMPLE_COLUMNS = [
+    "rank",
+    "step",
+    "kind",
+    "group",
+    "x",
+    "y",
+    "wait",
+    "transfer",
+    "calls",
+    "ids",
+    "unique",
+    "bag_elems",
+]
 
 
 def sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
@@ -42,38 +55,37 @@ def sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
     return coll["bytes"].astype(float) * factor
 
 
-def lookup_work_per_node(
+LOOKUP_PARTS = ["ids", "unique", "bag_elems", "dim"]
+
+
+def lookup_parts_per_node(
     nodes: pd.DataFrame,
     access: pd.DataFrame | None,
     plan_tables: pd.DataFrame,
-    device: str,
     world_size: int,
-) -> pd.Series:
-    """Work units (`sparselift.kernels.lookup_work`) of each lookup node.
+) -> pd.DataFrame:
+    """What each lookup node's work is made of: ids, distinct rows, pooled elements, row width.
 
     The trace gives each node's ids; the distinct rows its tables' shards touch are expected from
     the profiled ids per table and their fitted Zipf skew (a trace does not say how many ids were
     distinct), and its pooled outputs from the batch (every rank's; a data-parallel table's own).
+    Kept apart, not summed into work units, so that a joint calibration can refit the unit's
+    weights (`kernels.LookupUnit`).
 
     Args:
         nodes: lookup nodes (`kind`, `rank`, `ids`, `x`, `tables` columns).
-        access: the profile's access statistics; None or empty: ids and x alone.
+        access: the profile's access statistics; None or empty: ids and width alone.
         plan_tables: the plan in force, one row per shard (`profile.plan_tables`).
-        device: "cpu" or "cuda" (the work unit differs).
         world_size: ranks profiled.
     Returns:
-        Work units, indexed like the lookup nodes of `nodes`.
+        LOOKUP_PARTS columns, indexed like the lookup nodes of `nodes`.
     """
     look = nodes[nodes["kind"].isin(LOOKUPS)]
+    ids_col, x_col = look["ids"].fillna(0).astype(float), look["x"].fillna(0).astype(float)
+    dims = x_col / ids_col.clip(lower=1)
     if access is None or access.empty:
-        return pd.Series(
-            [
-                lookup_work(k, device, i, 0.0, x / max(i, 1))
-                for k, i, x in zip(
-                    look["kind"], look["ids"].fillna(0), look["x"].fillna(0), strict=True
-                )
-            ],
-            index=look.index,
+        return pd.DataFrame(
+            {"ids": ids_col, "unique": 0.0, "bag_elems": 0.0, "dim": dims}, index=look.index
         )
     ids_per_rank = access.groupby(["table", "rank"])["ids"].mean()
     ids_per_table = ids_per_rank.groupby("table").sum()
@@ -83,15 +95,8 @@ def lookup_work_per_node(
     shard = plan_tables.groupby(["table", "rank"]).agg(
         sharding_type=("sharding_type", "first"), rows=("rows", "sum"), cols=("cols", "sum")
     )
-    out = []
-    for kind, rank, ids, x, tables in zip(
-        look["kind"],
-        look["rank"],
-        look["ids"].fillna(0),
-        look["x"].fillna(0),
-        look["tables"].fillna(""),
-        strict=True,
-    ):
+    rows_out = []
+    for rank, tables in zip(look["rank"], look["tables"].fillna(""), strict=True):
         unique = bag_elems = 0.0
         for t in filter(None, str(tables).split(",")):
             if t not in meta.index:
@@ -110,8 +115,38 @@ def lookup_work_per_node(
                 unique += expected_unique(n, alpha, float(ids_per_table.get(t, 0.0))) * min(
                     1.0, float(rows) / n
                 )
-        out.append(lookup_work(kind, device, float(ids), unique, x / max(ids, 1), bag_elems))
-    return pd.Series(out, index=look.index, dtype=float)
+        rows_out.append((unique, bag_elems))
+    parts = pd.DataFrame(rows_out, columns=["unique", "bag_elems"], index=look.index, dtype=float)
+    parts.insert(0, "ids", ids_col)
+    parts["dim"] = dims
+    return parts[LOOKUP_PARTS]
+
+
+def lookup_work_of(
+    parts: pd.DataFrame, kinds: pd.Series, device: str, unit: LookupUnit = KERNEL_UNIT
+) -> pd.Series:
+    """Work units (`sparselift.kernels.lookup_work`) of lookup calls from their parts.
+
+    Args:
+        parts: LOOKUP_PARTS columns (`lookup_parts_per_node`), or call samples' (without `dim`,
+            which the CPU unit does not read).
+        kinds: each row's kind ("lookup_fwd" / "lookup_bwd"), indexed like `parts`.
+        device: "cpu" or "cuda" (the unit differs).
+        unit: the CPU unit's weights.
+    Returns:
+        Work units, indexed like `parts`.
+    """
+    dims = parts["dim"] if "dim" in parts else pd.Series(0.0, index=parts.index)
+    return pd.Series(
+        [
+            lookup_work(k, device, i, u, d, b, unit)
+            for k, i, u, b, d in zip(
+                kinds, parts["ids"], parts["unique"], parts["bag_elems"], dims, strict=True
+            )
+        ],
+        index=parts.index,
+        dtype=float,
+    )
 
 
 def call_samples(nodes: pd.DataFrame, world_size: int) -> pd.DataFrame:
@@ -126,7 +161,8 @@ def call_samples(nodes: pd.DataFrame, world_size: int) -> pd.DataFrame:
         world_size: ranks profiled.
     Returns:
         SAMPLE_COLUMNS: also `wait` (main-thread wait), `transfer` (the collectives' transfer time,
-        for the overlap share) and `calls` (groups of that kind in the step).
+        for the overlap share), `calls` (groups of that kind in the step) and, for lookups, the
+        parts of x (`ids`, `unique`, `bag_elems`: 0 where the nodes do not carry them).
     """
     n = nodes[nodes["kind"].isin((*LOOKUPS, *DIST))].copy()
     n["sharding"] = n["sharding"].fillna("*")
@@ -143,7 +179,12 @@ def call_samples(nodes: pd.DataFrame, world_size: int) -> pd.DataFrame:
             m = s[s["part"] != "collective"]
             c = s[s["part"] == "collective"]
             y = m["dur_s"].sum() + (shared / len(groups) if sh != "*" else 0.0)
-            x = m["x"].sum() if kind.startswith("lookup") else c["sent"].sum()
+            look = kind.startswith("lookup")
+            x = m["x"].sum() if look else c["sent"].sum()
+
+            def part(col: str, m: pd.DataFrame = m, look: bool = look) -> float:
+                return float(m[col].fillna(0).sum()) if look and col in m else 0.0
+
             rows.append(
                 dict(
                     rank=rank,
@@ -155,6 +196,9 @@ def call_samples(nodes: pd.DataFrame, world_size: int) -> pd.DataFrame:
                     wait=float(m[m["part"] == "wait"]["dur_s"].sum()),
                     transfer=float(c["transfer_s"].fillna(c["dur_s"]).sum()),
                     calls=len(groups),
+                    ids=part("ids"),
+                    unique=part("unique"),
+                    bag_elems=part("bag_elems"),
                 )
             )
     return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)

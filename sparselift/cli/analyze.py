@@ -1,4 +1,5 @@
-"""`sparselift analyze DIR [--out OUT] [--html REPORT]`: the analysis stage on the command line."""
+"""`sparselift analyze DIR [DIR ...] [--out OUT] [--html REPORT]`: the analysis stage on the command
+line. Several profiles of one job are calibrated together (`analysis.joint`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from sparselift.analysis.findings import key_findings
+from sparselift.analysis.joint import JointFit, check_one_job, fit_jointly
 from sparselift.analysis.pipeline import OUTPUTS, Analysis, analyze, check_output_dir, write_outputs
 from sparselift.analysis.pipeline_overlap import PipelineOverlap, fit_pipeline_overlap
 from sparselift.analysis.summary import format_summary
@@ -21,6 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "analyze", help="rebuild the sparse path of a profile, summarize it and calibrate costs"
     )
     p.add_argument("dir", metavar="DIR", help="profile directory (from `sparselift profile`)")
+    p.add_argument(
+        "more",
+        nargs="*",
+        metavar="DIR",
+        help="more profiles of the same job (other plans, or DIR's plan under the sparse-dist "
+        "pipeline): calibrate on all of them together and print each one's leave-one-out error",
+    )
     p.add_argument("--out", default=None, metavar="OUT", help="output directory (default: DIR)")
     p.add_argument(
         "--no-cache", action="store_true", help="do not read or write the parsed-trace cache"
@@ -50,12 +59,43 @@ def calibration_line(cal: Calibration) -> str:
     return f"calibration: {fits}; dense_step {dense}"
 
 
+def _overhead_s(a: Analysis, args: argparse.Namespace) -> float:
+    """The pipeline's per-step overhead the cost model charges on the profiled hardware."""
+    return profiled_topology(a.calibration.to_dict(), args.dir).pipeline_overhead_s
+
+
 def _pipeline_fit(a: Analysis, args: argparse.Namespace) -> PipelineOverlap:
     """The overlap measured against `--pipeline-profile`, net of the preset's overhead."""
-    topo = profiled_topology(a.calibration.to_dict(), args.dir)
     return fit_pipeline_overlap(
-        args.dir, a.critical_path, args.pipeline_profile, topo.pipeline_overhead_s
+        args.dir, a.critical_path, args.pipeline_profile, _overhead_s(a, args)
     )
+
+
+def _joint(a: Analysis, args: argparse.Namespace) -> JointFit:
+    """The calibration fitted on DIR and every further profile together."""
+    others = [
+        analyze(d, cache=not args.no_cache, progress=lambda line: print(line, flush=True))
+        for d in args.more
+    ]
+    return fit_jointly([a, *others], _overhead_s(a, args))
+
+
+def held_out_lines(joint: JointFit) -> list[str]:
+    """What the joint fit was made of, and each profile predicted by the fit on the others."""
+    cal = joint.calibration
+    lines = [f"calibrated on {len(joint.base)} profiles together: {', '.join(joint.base)}"]
+    for h in cal.held_out:
+        lines.append(
+            f"  left out {h.profile}: predicted {h.predicted_step_s * 1e3:.2f} ms, measured "
+            f"{h.measured_step_s * 1e3:.2f} ms ({h.error:+.1%})"
+        )
+    for kind in ("lookup_fwd", "lookup_bwd"):
+        fit = cal.ops.get(kind)
+        if fit is not None and (fit.unique_weight is not None or fit.bag_weight is not None):
+            kappa = "kernel's" if fit.unique_weight is None else f"{fit.unique_weight:.3g}"
+            mu = "kernel's" if fit.bag_weight is None else f"{fit.bag_weight:.3g}"
+            lines.append(f"  {kind} unit refitted: κ {kappa}, μ {mu}")
+    return lines
 
 
 def run_analyze(args: argparse.Namespace) -> int:
@@ -68,8 +108,15 @@ def run_analyze(args: argparse.Namespace) -> int:
     check_output_dir(out)
     if args.html:
         check_writable(args.html)
+    if args.more:
+        check_one_job([args.dir, *args.more])
     a = analyze(args.dir, cache=not args.no_cache, progress=lambda line: print(line, flush=True))
+    joint = _joint(a, args) if args.more else None
+    if joint is not None:
+        a.calibration = joint.calibration
     fit = _pipeline_fit(a, args) if args.pipeline_profile else None
+    if fit is None and joint is not None:
+        fit = joint.pipeline
     if fit is not None:
         a.calibration = dataclasses.replace(a.calibration, pipeline_overlap=fit.overlap)
     write_outputs(a, out)
@@ -80,6 +127,8 @@ def run_analyze(args: argparse.Namespace) -> int:
         for line in a.unplaced:
             print(f"  {line}")
     print(calibration_line(a.calibration))
+    if joint is not None:
+        print("\n".join(held_out_lines(joint)))
     if fit is not None:
         print(
             f"pipeline: sparse-dist hides {fit.overlap:.0%} (measured {fit.share:.0%}) of "

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparselift.calibration import UNITS, Calibration, read_checked
-from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S
+from sparselift.calibration import UNITS, Calibration, lookup_unit, read_checked
+from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S, CPU_WORK_B_S, KERNEL_UNIT, LookupUnit
 from sparselift.optimizer.topology import Topology
 
 LOOKUP_UNIT = UNITS["lookup_fwd"]  # what analysis writes as the lookups' `x`
@@ -67,6 +67,7 @@ class Coefficients:
     pipeline_overhead_s: float
     dense_step_s: float  # dense forward+backward+optimizer per step (a constant of the plan)
     source: str  # "preset <name>" or the calibration path
+    lookup_unit: LookupUnit = KERNEL_UNIT  # CPU lookups' work unit (κ, μ) the lookup fits count
     # per coefficient (COEFFICIENT_NAMES order): (name, MEASURED or ASSUMED, profile or preset);
     # a tuple so that Coefficients stays hashable
     evidence: tuple[tuple[str, str, str], ...] = ()
@@ -119,11 +120,12 @@ COEFFICIENT_NAMES = (
     "pipeline_overlap",
     "pipeline_overhead_s",
     "dense_step_s",
+    "lookup_unit",
 )
 
 
 # (seconds per call, seconds per work unit) of fbgemm's CPU TBE (see sparselift/kernels.py)
-CPU_LOOKUP = {k: (CPU_CALL_S[k], b) for k, b in (("lookup_fwd", 3.2e-9), ("lookup_bwd", 1.1e-8))}
+CPU_LOOKUP = {k: (CPU_CALL_S[k], b) for k, b in CPU_WORK_B_S.items()}
 
 
 def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
@@ -226,6 +228,9 @@ def coefficients(
         kw["dp_overlap"] = min(1.0, max(0.0, dp.overlap))
     if cal.pipeline_overlap is not None:
         kw["pipeline_overlap"] = min(1.0, max(0.0, cal.pipeline_overlap))
+    unit = lookup_unit({k: f for k, f in cal.ops.items() if k in kw})
+    if unit != KERNEL_UNIT:
+        kw["lookup_unit"] = unit
     if cal.dense_step_s is not None:
         kw["dense_step_s"] = cal.dense_step_s
     if "input_dist" in kw:  # bytes crossing hosts cost at least what they cost inside one

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES
+from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES, LookupUnit
 from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.counts import ClassCounts, Counts, class_counts
 from sparselift.optimizer.space import DP, Choice, OptionClass, PlanWide
@@ -169,11 +169,16 @@ class CostModel:
 
     def __init__(self, topo: Topology, batch_size: int, coeffs: Coefficients) -> None:
         self.topo, self.batch_size, self.coeffs = topo, batch_size, coeffs
-        self.counts = lru_cache(maxsize=None)(self._counts)
+        self._counts = lru_cache(maxsize=None)(self._counts_uncached)
         self._terms = lru_cache(maxsize=None)(self._terms_uncached)
 
-    def _counts(self, t: TableStats, c: OptionClass) -> ClassCounts:
-        return class_counts(self.topo, self.batch_size, t, c)
+    def counts(self, t: TableStats, c: OptionClass) -> ClassCounts:
+        """What one shard of table `t` under class `c` makes a rank do (cached), counting lookup
+        work in the coefficients' unit."""
+        return self._counts(t, c, self.coeffs.lookup_unit)
+
+    def _counts_uncached(self, t: TableStats, c: OptionClass, unit: LookupUnit) -> ClassCounts:
+        return class_counts(self.topo, self.batch_size, t, c, unit)
 
     def terms(self, t: TableStats, c: OptionClass, plan_wide: PlanWide | None = None) -> Terms:
         """The load one shard of table `t` under class `c` puts on each kind of rank, at the

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES, expected_unique, lookup_work
+from sparselift.kernels import (
+    FLOAT_BYTES,
+    ID_BYTES,
+    KERNEL_UNIT,
+    LENGTH_BYTES,
+    LookupUnit,
+    expected_unique,
+    lookup_work,
+)
 from sparselift.optimizer.space import CW, DENSE, DP, RW, TW, TWRW, UVM_CACHING, OptionClass
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
@@ -48,7 +56,13 @@ class ClassCounts:
     remote_inter: Counts
 
 
-def class_counts(topo: Topology, batch_size: int, t: TableStats, c: OptionClass) -> ClassCounts:
+def class_counts(
+    topo: Topology,
+    batch_size: int,
+    t: TableStats,
+    c: OptionClass,
+    unit: LookupUnit = KERNEL_UNIT,
+) -> ClassCounts:
     """What table `t` under option class `c` makes a rank do, by where the rank sits.
 
     On CUDA a shard's memory is at least TorchRec's storage estimate of it
@@ -63,13 +77,14 @@ def class_counts(topo: Topology, batch_size: int, t: TableStats, c: OptionClass)
         batch_size: samples per rank.
         t: the table's statistics.
         c: the option class.
+        unit: the CPU lookup work unit (a calibration's refitted weights, else the kernel's).
     Returns:
         Counts for a rank holding a shard ("own"), one on the same host ("remote_intra") and one
         on another host ("remote_inter").
     Raises:
         ValueError: an unknown sharding type, or a UVM-cached class without a load factor.
     """
-    cc = _sparselift_counts(topo, batch_size, t, c)
+    cc = _sparselift_counts(topo, batch_size, t, c, unit)
     if topo.device != "cuda":
         return cc
     tr = shard_storage(topo, batch_size, t, c)
@@ -78,7 +93,7 @@ def class_counts(topo: Topology, batch_size: int, t: TableStats, c: OptionClass)
 
 
 def _sparselift_counts(
-    topo: Topology, batch_size: int, t: TableStats, c: OptionClass
+    topo: Topology, batch_size: int, t: TableStats, c: OptionClass, unit: LookupUnit
 ) -> ClassCounts:
     """`class_counts` with SparseLift's own memory terms only."""
     B = batch_size
@@ -112,8 +127,8 @@ def _sparselift_counts(
     def work(ids: float, uniq: float, cols: float, bags: float = W * B) -> dict[str, float]:
         dev = topo.device
         return dict(
-            fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols, bags * cols),
-            bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols, bags * cols),
+            fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols, bags * cols, unit),
+            bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols, bags * cols, unit),
         )
 
     zero = Counts()

@@ -1,0 +1,135 @@
+"""Fit one calibration on several profiles of the same job, and check it profile by profile.
+
+Profiles of different plans (and, for the pipeline, of the same plan under each pipeline) measure
+what one profile cannot tell apart: a call's fixed cost from its size, the lookup unit's weights,
+the share of input_dist the sparse-dist pipeline hides. The op kinds are fitted on every
+base-pipeline profile together (`fit.fit_evidence`); a sparse-dist profile is paired with the
+base profile of the same plan for the pipeline's overlap (`pipeline_overlap`). Each base profile
+is then predicted by the fit on the others (leave-one-out): how far the calibration carries to a
+plan it did not see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from sparselift.analysis.compare import check_same_job
+from sparselift.analysis.fit import ProfileEvidence, fit_evidence, sparse_cost
+from sparselift.analysis.pipeline import Analysis
+from sparselift.analysis.pipeline_overlap import (
+    SPARSE_DIST,
+    PipelineOverlap,
+    fit_pipeline_overlap,
+)
+from sparselift.calibration import UNITS, Calibration, HeldOut, OpFit
+from sparselift.errors import UserError
+from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S, CPU_WORK_B_S
+
+
+@dataclasses.dataclass(frozen=True)
+class JointFit:
+    """A calibration fitted on several profiles, and what it was fitted from.
+
+    Attributes:
+        calibration: the joint fit (its `held_out` filled in when there are ≥ 2 base profiles,
+            its `pipeline_overlap` when a sparse-dist profile has a base twin).
+        base: the profiles the op kinds were fitted on.
+        pipeline: the overlap fit, or None.
+    """
+
+    calibration: Calibration
+    base: tuple[str, ...]
+    pipeline: PipelineOverlap | None
+
+
+def check_one_job(profiles: Sequence[str]) -> None:
+    """Refuse profiles of different jobs given together.
+
+    Raises:
+        UserError: one line naming the first profile, the first that differs from it and how
+            (`compare.check_same_job`).
+    """
+    for other in profiles[1:]:
+        check_same_job(profiles[0], other)
+
+
+def prior_fit(kind: str, device: str) -> OpFit | None:
+    """What an op kind costs before any profile measured it (CPU: the kernel benchmarks'), for
+    a held-out profile whose op kinds the other profiles lack; None off CPU."""
+    if device != "cpu" or kind not in CPU_CALL_S:
+        return None
+    b = CPU_WORK_B_S.get(kind, CPU_DIST_B_S)
+    return OpFit(x=UNITS[kind], a_s=CPU_CALL_S[kind], b_s=b, r2=0.0, n=0)
+
+
+def held_out(evidence: list[ProfileEvidence], i: int) -> HeldOut:
+    """Profile i's fastest step predicted by the calibration fitted on the others.
+
+    Op kinds the others do not have are priced by `prior_fit` (or not at all off CPU).
+    """
+    ev = evidence[i]
+    cal = fit_evidence(evidence[:i] + evidence[i + 1 :])
+    ops = dict(cal.ops)
+    for kind in ev.calls["kind"].unique():
+        prior = prior_fit(kind, ev.device)
+        if kind not in ops and prior is not None:
+            ops[kind] = prior
+    calls = ev.calls[ev.calls["kind"].isin(list(ops))]
+    sparse = sparse_cost(calls, ops, ev.device).reindex(ev.step_s.index).fillna(0.0)
+    best = ev.step_s.idxmin()
+    predicted = (cal.dense_step_s or 0.0) + float(sparse.at[best])
+    return HeldOut(ev.profile, float(ev.step_s.at[best]), predicted)
+
+
+def fit_jointly(analyses: Sequence[Analysis], pipeline_overhead_s: float | None = None) -> JointFit:
+    """One calibration from several analyzed profiles of the same job.
+
+    Args:
+        analyses: `pipeline.analyze` of each profile (at least one under the base pipeline);
+            the first base profile names the calibration.
+        pipeline_overhead_s: the pipeline's per-step overhead the cost model charges (the
+            topology's), needed to fit the overlap when a sparse-dist profile is given.
+    Returns:
+        The JointFit.
+    Raises:
+        UserError: the profiles are of different jobs; none is under the base pipeline; a
+            sparse-dist profile has no base profile of the same plan; a profile is given twice.
+    """
+    paths = [a.calibration.provenance.profile or "" for a in analyses]
+    if len(set(paths)) < len(paths):
+        raise UserError(f"a profile is given twice: {next(p for p in paths if paths.count(p) > 1)}")
+    check_one_job(paths)
+    sd = [a for a in analyses if a.manifest.get("pipeline") == SPARSE_DIST]
+    base = [a for a in analyses if a.manifest.get("pipeline") != SPARSE_DIST]
+    if not base:
+        raise UserError(f"{paths[0]}: no profile under the base pipeline to fit the op costs on")
+    evidence = [a.evidence for a in base]
+    cal = fit_evidence(evidence)
+    if len(evidence) > 1:
+        cal.held_out = [held_out(evidence, i) for i in range(len(evidence))]
+    overlap = _pipeline(base, sd, pipeline_overhead_s) if sd else None
+    if overlap is not None:
+        cal.pipeline_overlap = overlap.overlap
+    return JointFit(cal, tuple(ev.profile for ev in evidence), overlap)
+
+
+def _pipeline(
+    base: list[Analysis], sd: list[Analysis], overhead_s: float | None
+) -> PipelineOverlap:
+    """The overlap of the first sparse-dist profile against the base profile of its plan."""
+    target = sd[0]
+    twin = next(
+        (a for a in base if a.manifest.get("sharding") == target.manifest.get("sharding")), None
+    )
+    where = target.calibration.provenance.profile
+    if twin is None:
+        raise UserError(
+            f"{where}: a {SPARSE_DIST} profile needs a base-pipeline profile of the same plan "
+            "among the profiles given"
+        )
+    if overhead_s is None:
+        raise UserError(f"{where}: the pipeline's overhead is needed to fit its overlap")
+    return fit_pipeline_overlap(
+        twin.calibration.provenance.profile or "", twin.critical_path, where or "", overhead_s
+    )

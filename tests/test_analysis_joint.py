@@ -1,0 +1,145 @@
+"""Several profiles of one job calibrated together: known coefficients come back, each profile is
+predicted by the fit on the others, and profiles of different jobs are refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sparselift.analysis.fit import ProfileEvidence, fit_evidence
+from sparselift.analysis.joint import fit_jointly
+from sparselift.analysis.pipeline import analyze
+from sparselift.analysis.samples import SAMPLE_COLUMNS
+from sparselift.calibration import Calibration
+from sparselift.cli import main
+from sparselift.kernels import CPU_CALL_S, KERNEL_UNIT
+
+FIX = Path(__file__).parent / "fixtures"
+TW, RW = FIX / "profile_tiny_table_wise", FIX / "profile_tiny_row_wise"
+
+# the truth the synthetic profiles are made from
+A_S, B_S, KAPPA, MU = 2e-4, 4e-9, 12.0, 0.5  # lookup_fwd: a + b·(ids + κ·unique + μ·bags)
+DIST_A, DIST_B = 9e-4, 3e-9  # input_dist: a + b·bytes
+DENSE = 5e-3
+
+
+def _evidence(name: str, seed: int, ranks: int, groups: list[str]) -> ProfileEvidence:
+    """A profile's samples drawn from the truth above, each plan mixing the parts its own way."""
+    rng = np.random.default_rng(seed)
+    rows, steps = [], range(4)
+    shapes = {
+        (r, g): (rng.uniform(2e4, 2e5), rng.uniform(1e3, 3e4), rng.uniform(1e4, 4e5))
+        for r in range(ranks)
+        for g in groups
+    }
+    sent = {g: rng.uniform(1e5, 2e6) for g in groups}
+    for step in steps:
+        for (r, g), (ids, uniq, bags) in shapes.items():
+            y = A_S + B_S * (ids + KAPPA * uniq + MU * bags)
+            x = ids + KERNEL_UNIT.unique_fwd * uniq + KERNEL_UNIT.bag_fwd * bags
+            noise = 1 + rng.normal(0, 0.003)
+            rows.append(
+                (r, step, "lookup_fwd", g, x, y * noise, 0, 0, len(groups), ids, uniq, bags)
+            )
+            dist_y = DIST_A + DIST_B * sent[g]
+            wait = 0.0 if r == 0 else 1e-4 * r
+            rows.append((r, step, "input_dist", g, sent[g], dist_y + wait, wait, 0, 1, 0, 0, 0))
+    calls = pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
+    # a rank's wait for a late peer is not the collective's cost: the step is the model's
+    busy = calls.assign(y=calls["y"] - calls["wait"])
+    per_rank = busy.groupby(["step", "rank", "kind"])["y"].sum().groupby(["step", "kind"]).max()
+    step_s = per_rank.groupby("step").sum() + DENSE
+    manifest = {"world_size": ranks, "device": "cpu", "backend": "gloo", "batch_size": 64}
+    return ProfileEvidence(name, manifest, "cpu", ranks, calls, step_s, pd.DataFrame())
+
+
+def test_a_joint_fit_recovers_the_coefficients_two_plans_were_made_with():
+    tw = _evidence("tw", 0, 4, ["table_wise"])
+    rw = _evidence("rw", 1, 4, ["row_wise", "column_wise"])
+    cal = fit_evidence([tw, rw])
+    look = cal.ops["lookup_fwd"]
+    assert look.unique_weight == pytest.approx(KAPPA, rel=0.1)
+    assert look.bag_weight == pytest.approx(MU, rel=0.1)
+    assert look.b_s == pytest.approx(B_S, rel=0.05)
+    dist = cal.ops["input_dist"]
+    # the two plans move different bytes: the fixed cost is fitted, not the kernel bench's
+    assert dist.a_s == pytest.approx(DIST_A, rel=0.05)
+    assert dist.a_s != CPU_CALL_S["input_dist"]
+    assert dist.b_s == pytest.approx(DIST_B, rel=0.05)
+    assert cal.dense_step_s == pytest.approx(DENSE, rel=0.05)
+    # one plan alone cannot tell the weights apart: the kernel's stand
+    alone = fit_evidence([tw]).ops["lookup_fwd"]
+    assert alone.unique_weight is None and alone.bag_weight is None
+
+
+def test_each_fixture_profile_is_predicted_by_the_fit_on_the_other():
+    joint = fit_jointly([analyze(TW, cache=False), analyze(RW, cache=False)])
+    cal = joint.calibration
+    assert [h.profile for h in cal.held_out] == [str(TW), str(RW)]
+    for h in cal.held_out:
+        assert abs(h.error) < 0.15, h
+    assert cal.provenance.profiles == [str(TW), str(RW)]
+    again = Calibration.from_dict(json.loads(cal.to_bytes()))
+    assert [(h.profile, h.error) for h in again.held_out] == [
+        (h.profile, h.error) for h in cal.held_out
+    ]
+
+
+def test_analyze_of_two_profiles_prints_the_leave_one_out_errors(tmp_path, capsys):
+    assert main(["analyze", str(TW), str(RW), "--out", str(tmp_path), "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert f"left out {TW}: predicted" in out and f"left out {RW}: predicted" in out
+    written = Calibration.load(tmp_path / "calibration.json")
+    assert len(written.held_out) == 2
+
+
+def _other_job(tmp_path: Path) -> Path:
+    other = tmp_path / "other"
+    shutil.copytree(RW, other)
+    m = json.loads((other / "manifest.json").read_text())
+    m["batch_size"] = m["batch_size"] * 2
+    (other / "manifest.json").write_text(json.dumps(m))
+    return other
+
+
+@pytest.mark.parametrize("command", ["analyze", "optimize"])
+def test_profiles_of_different_jobs_are_refused_naming_both(tmp_path, capsys, command):
+    other = _other_job(tmp_path)
+    out = tmp_path / "out"
+    if command == "analyze":
+        argv = ["analyze", str(TW), str(other), "--out", str(out)]
+    else:
+        argv = ["optimize", "--profile", str(TW), "--profile", str(other), "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert str(TW) in err[0] and str(other) in err[0] and "batch_size" in err[0]
+    assert not out.exists()
+
+
+def test_the_optimizer_counts_lookup_work_in_the_refitted_unit():
+    from sparselift.optimizer.coefficients import coefficients
+    from sparselift.optimizer.cost_model import CostModel
+    from sparselift.optimizer.space import OptionClass
+    from sparselift.optimizer.synthetic import synthetic_stats
+    from sparselift.optimizer.topology import preset
+
+    cal = fit_evidence(
+        [_evidence("tw", 0, 4, ["table_wise"]), _evidence("rw", 1, 4, ["row_wise", "column_wise"])]
+    )
+    topo = preset("cpu-gloo", 4, 4)
+    refit, kernel = coefficients(topo, cal), coefficients(topo)
+    assert refit.lookup_unit.unique_fwd == cal.ops["lookup_fwd"].unique_weight
+    assert refit.measured("lookup_unit") and not kernel.measured("lookup_unit")
+    t = synthetic_stats(1, seed=3)[0]
+    tw = OptionClass("table_wise", "fused")
+    work = {
+        name: CostModel(topo, 64, c).counts(t, tw).own.fwd_work
+        for name, c in (("refit", refit), ("kernel", kernel))
+    }
+    assert work["refit"] > work["kernel"]  # κ 12 > 5 and μ 0.5 > 0.22 both add work
