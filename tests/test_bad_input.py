@@ -162,7 +162,17 @@ bench-json-file-parent | $BENCH --json {blocker}/b.json | {blocker} $NOTDIR
 bench-json-missing-parent | $BENCH --json {tmp}/no/b.json | $CW {tmp}/no/b.json
 
 workloads-unknown-flag | workloads --bogus | --bogus
-workloads-extra-argument | workloads --format tiny | tiny"""
+workloads-extra-argument | workloads --format tiny | tiny
+
+plan-check-no-digest | plan check {rr} --profile {prof} | {rr}: the plan has no statistics digest
+plan-check-profile-missing | plan check {rr} --profile {tmp}/noprof | noprof/manifest.json
+plan-check-profile-no-manifest | plan check {rr} --profile {adir} | {adir}/manifest.json: missing
+plan-check-profile-bad-manifest | plan check {rr} --profile {badmanifest} | malformed JSON
+plan-check-threshold-zero | plan check {rr} --profile {prof} --threshold 0 | --threshold
+plan-check-threshold-negative | plan check {rr} --profile {prof} --threshold -1 | --threshold
+plan-check-threshold-nan | plan check {rr} --profile {prof} --threshold nan | --threshold
+plan-check-threshold-text | plan check {rr} --profile {prof} --threshold five | --threshold
+plan-check-time-limit-zero | plan check {rr} --profile {prof} --time-limit 0 | --time-limit"""
 
 # The plan file of every plan action, bad in each way.
 PLAN_FILES = """
@@ -172,7 +182,12 @@ malformed | {malformed} | malformed JSON
 other-format | {other} | not a SparseLift plan
 not-object | {list} | not a JSON object
 newer | {newer} | version 99 is newer"""
-PLAN_ACTIONS = {"show": "plan show", "validate": "plan validate", "diff": "plan diff {rr}"}
+PLAN_ACTIONS = {
+    "show": "plan show",
+    "validate": "plan validate",
+    "diff": "plan diff {rr}",
+    "check": "plan check --profile {prof}",
+}
 
 # The topology and output flags of both plan exports, bad in each way.
 EXPORT_FLAGS = """

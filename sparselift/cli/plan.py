@@ -1,4 +1,4 @@
-"""`sparselift plan show|validate|diff|from-torchrec|round-robin`.
+"""`sparselift plan show|validate|diff|check|from-torchrec|round-robin`.
 
 CLI code: unlike the loader it may import the rest of SparseLift (workload specs, model builders,
 reports). Bad input raises PlanError / UserError, which the CLI prints as one line with exit code 2;
@@ -8,10 +8,14 @@ output paths are checked before any work, so a refusal leaves no file.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
 from sparselift.plans.baselines import DEVICE_PRESETS
 from sparselift.plans.types import MAX_WORLD_SIZE
+
+if TYPE_CHECKING:
+    from sparselift.optimizer.recheck import Recheck
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,6 +55,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--html", default=None, metavar="OUT", help="also write a self-contained HTML report"
     )
     q.set_defaults(run=run_diff, command="plan diff")
+
+    q = psub.add_parser(
+        "check",
+        help="is this plan still right? its statistics against a new profile, and what "
+        "re-planning would gain (exit 1 if more than --threshold)",
+    )
+    q.add_argument("plan")
+    q.add_argument("--profile", required=True, metavar="DIR", help="a profile directory")
+    q.add_argument(
+        "--threshold",
+        type=float,
+        default=0.05,
+        help="predicted gain of re-planning above which the plan is stale (default 0.05: 5%%)",
+    )
+    q.add_argument(
+        "--time-limit",
+        type=float,
+        default=30.0,
+        help="seconds of the re-planning solve (default 30)",
+    )
+    q.set_defaults(run=run_check, command="plan check")
 
     q = psub.add_parser(
         "from-torchrec", help="export the plan TorchRec's EmbeddingShardingPlanner makes"
@@ -195,6 +220,83 @@ def run_diff(args: argparse.Namespace) -> int:
         )
         print(f"wrote {args.html}")
     return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Compare a plan's statistics digest with a profile, price it and re-plan; print a verdict.
+
+    Checked in this order, each refusal one line: the flags, the plan file, the profile's
+    manifest, the plan's digest, the profile's statistics and that they are of the plan's tables.
+    Nothing is written.
+
+    Returns:
+        1 if re-planning is predicted to gain more than --threshold, else 0.
+    Raises:
+        UserError / PlanError: bad input (exit 2).
+    """
+    from pathlib import Path
+
+    from sparselift.analysis.profile import read_manifest
+    from sparselift.errors import UserError
+    from sparselift.optimizer.recheck import recheck
+    from sparselift.plans import load
+
+    for flag, value in (("--threshold", args.threshold), ("--time-limit", args.time_limit)):
+        if not (math.isfinite(value) and value > 0):
+            raise UserError(f"{flag} must be a finite number > 0, got {value}")
+    plan = load(args.plan)
+    read_manifest(Path(args.profile))
+    res = recheck(plan, args.profile, threshold=args.threshold, time_limit_s=args.time_limit)
+    print(
+        f"plan {args.plan} against profile {args.profile}: {len(plan.tables)} tables, "
+        f"batch {res.batch_size}/rank, {res.topology.world_size} ranks "
+        f"({res.topology.preset or 'topology file'}), coefficients: {res.coefficients}"
+        + ("" if res.calibrated else f" (no calibration.json: `sparselift analyze {args.profile}`)")
+    )
+    print(_drift_table(res))
+    recorded = (plan.predicted or {}).get("step_time_s")
+    ms = 1e3
+    print(
+        f"predicted step: {res.predicted.step_time_s * ms:.3f} ms under the profile's statistics"
+        + (f" (the plan recorded {recorded * ms:.3f} ms)" if recorded is not None else "")
+    )
+    print(
+        f"re-planned step: {res.replanned.cost.step_time_s * ms:.3f} ms "
+        f"({res.gain:.1%} faster; solver {res.replanned.solution.status}"
+        + ("; no plan found beats this one)" if res.replanned.kept_baseline else ")")
+    )
+    if res.stale:
+        print(
+            f"verdict: stale: re-planning is predicted {res.gain:.1%} faster, more than "
+            f"--threshold {args.threshold:.1%}; re-plan: "
+            f"`sparselift optimize --profile {args.profile}`"
+        )
+        return 1
+    print(
+        f"verdict: still right: re-planning is predicted {res.gain:.1%} faster, not more than "
+        f"--threshold {args.threshold:.1%}"
+    )
+    return 0
+
+
+def _drift_table(res: Recheck) -> str:
+    """The drifted fields as a table (table, field, plan, profile, change), or one line."""
+    head = f"statistics drift over {res.tolerance:.0%} (relative change of a digest field)"
+    if not res.drifts:
+        return f"{head}: none"
+    width = max(5, *(len(d.table) for d in res.drifts))
+    tables = len({d.table for d in res.drifts})
+    lines = [
+        f"{head}: {tables} table(s)",
+        f"  {'table':{width}s} {'field':12s} {'plan':>12s} {'profile':>12s} {'change':>8s}",
+    ]
+    for d in res.drifts:
+        change = "new" if math.isinf(d.change) else f"{d.change:+.0%}"
+        lines.append(
+            f"  {d.table:{width}s} {d.field:12s} {d.plan_value:12.6g} {d.profile_value:12.6g} "
+            f"{change:>8s}"
+        )
+    return "\n".join(lines)
 
 
 def run_from_torchrec(args: argparse.Namespace) -> int:

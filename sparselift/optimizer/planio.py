@@ -11,9 +11,50 @@ from typing import Any
 
 from sparselift import plans
 from sparselift.errors import UserError
+from sparselift.kernels import expected_unique
 from sparselift.optimizer.space import CW, DP, RW, TW, TWRW, Choice, OptionClass, PlanWide
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
+
+# A digest value keeps this many significant digits: the same inputs give the same plan bytes,
+# and a digest read back compares equal to one computed again from the same profile.
+DIGEST_DIGITS = 6
+HOT_FRACTION = 0.01  # the digest's hot share: of the hottest 1 % of a table's rows
+
+
+def _digits(v: float) -> float:
+    return float(f"{v:.{DIGEST_DIGITS}g}")
+
+
+def statistics_digest(stats: list[TableStats], batch_size: int) -> dict[str, dict[str, float]]:
+    """The plan's `statistics` block: per table, what the cost model priced it with.
+
+    Fields (each rounded to DIGEST_DIGITS significant digits):
+        ids_per_step: ids one rank looks up in the table per step, all its features summed
+            (ids per sample x the batch per rank).
+        unique_ratio: distinct rows among those ids over the ids, as the cost model counts them
+            (`kernels.expected_unique` of the table's Zipf law); 0 for no ids.
+        pooling: mean ids per sample of one of its features (ids per sample / features).
+        hot_share: share of the ids on the hottest 1 % of its rows (`TableStats.hot_share`:
+            measured where the profile measured it, else the Zipf law's).
+
+    Args:
+        stats: the tables.
+        batch_size: samples per rank.
+    Returns:
+        {table: {field: value}}, tables in the order given.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for t in stats:
+        ids = t.ids_per_sample * batch_size
+        unique = expected_unique(t.num_embeddings, t.zipf_alpha, ids) / ids if ids > 0 else 0.0
+        out[t.name] = {
+            "ids_per_step": _digits(ids),
+            "unique_ratio": _digits(min(1.0, unique)),
+            "pooling": _digits(t.ids_per_sample / max(1, len(t.feature_names))),
+            "hot_share": _digits(min(1.0, max(0.0, t.hot_share(HOT_FRACTION)))),
+        }
+    return out
 
 
 def _row_blocks(rows: int, ranks: list[int], dim: int) -> list[plans.Shard]:
@@ -83,6 +124,7 @@ def to_plan(
     solver: dict[str, Any] | None = None,
     provenance: dict[str, Any] | None = None,
     module: str | None = None,
+    batch_size: int | None = None,
 ) -> plans.Plan:
     """The optimizer's choices as a validated plan.
 
@@ -93,11 +135,16 @@ def to_plan(
         plan_wide: collective precision and pipeline.
         predicted, solver, provenance: the plan's records (`PlanCost.predicted()`, the solver's).
         module: the EmbeddingBagCollection's path, if known.
+        batch_size: samples per rank the statistics were priced at, for the plan's statistics
+            digest (`statistics_digest`); default the `batch_size` `provenance` records (the
+            optimizer's). With neither, the plan has no digest.
     Returns:
         The plan (round-tripped through its dict, so it is what a reader of the file gets).
     Raises:
         PlanError: the plan breaks a check.
     """
+    if batch_size is None and isinstance((provenance or {}).get("batch_size"), int):
+        batch_size = int((provenance or {})["batch_size"])
     plan = plans.Plan(
         model=fingerprints(stats),
         topology=plan_topology(topo),
@@ -108,6 +155,7 @@ def to_plan(
         predicted=predicted,
         solver=solver,
         provenance=provenance,
+        statistics=statistics_digest(stats, batch_size) if batch_size is not None else None,
         source="<sparselift optimize>",
     )
     return plans.Plan.from_dict(plan.to_dict(), plan.source)

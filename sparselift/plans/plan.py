@@ -26,6 +26,9 @@ from sparselift.plans.types import (
     TablePlan,
 )
 
+# The fields of one table's entry in a plan's statistics digest (the file sorts them by name).
+STATISTICS_FIELDS = ("ids_per_step", "unique_ratio", "pooling", "hot_share")
+
 # Re-exported: `sparselift.plans.plan` has always offered the parts along with the whole.
 __all__ = [
     "DEFAULT_CACHE_LOAD_FACTOR",
@@ -34,6 +37,7 @@ __all__ = [
     "CommPrecision",
     "Plan",
     "PlanTopology",
+    "STATISTICS_FIELDS",
     "Shard",
     "TableFingerprint",
     "TablePlan",
@@ -58,6 +62,11 @@ class Plan:
             {name: {"source": "measured" | "assumed", "from": profile path or preset}}; None in
             plans made without it (older plans, TorchRec's). Written only when present, so a
             plan without it keeps its bytes.
+        statistics: the table statistics the plan was made from, per table
+            {name: {"ids_per_step", "unique_ratio", "pooling", "hot_share"}} (see
+            `STATISTICS_FIELDS`; `sparselift.optimizer.planio.statistics_digest` writes it), what
+            `sparselift plan check` compares a new profile with; None in plans made without it.
+            Written only when present, as `evidence`.
         source: the file it came from, for messages (not part of the plan: not compared).
     """
 
@@ -71,6 +80,7 @@ class Plan:
     solver: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
     evidence: dict[str, dict[str, str]] | None = None
+    statistics: dict[str, dict[str, float]] | None = None
     source: str = field(default="<plan>", compare=False)
 
     # ---------------------------------------------------------------------------- file format
@@ -117,6 +127,8 @@ class Plan:
         }
         if self.evidence is not None:
             out["evidence"] = _canonical(self.evidence)
+        if self.statistics is not None:
+            out["statistics"] = _canonical(self.statistics)
         return out
 
     @classmethod
@@ -170,9 +182,10 @@ class Plan:
             solver=d.get("solver"),
             provenance=d.get("provenance"),
             evidence=d.get("evidence"),
+            statistics=d.get("statistics"),
             source=source,
         )
-        problems = plan_problems(plan)
+        problems = plan_problems(plan) + statistics_problems(plan)
         if problems:
             raise PlanError(source, problems)
         return plan
@@ -260,6 +273,31 @@ class Plan:
         from sparselift.plans.to_torchrec import SparseLiftPlanLoader
 
         return SparseLiftPlanLoader(self, model)
+
+
+def statistics_problems(plan: Plan) -> list[str]:
+    """What the schema cannot say about a plan's statistics digest: every value finite (JSON
+    readers accept NaN and Infinity), one entry per model table and none for another table.
+
+    Returns:
+        One message per problem, each naming the table; [] for a plan without a digest.
+    """
+    if plan.statistics is None:
+        return []
+    names = [t.name for t in plan.model]
+    known = set(names)
+    problems = [
+        f"statistics.{name}: no such table in the model"
+        for name in plan.statistics
+        if name not in known
+    ]
+    problems += [f"statistics: no entry for table {n!r}" for n in names if n not in plan.statistics]
+    for name, values in plan.statistics.items():
+        for key in STATISTICS_FIELDS:
+            v = values.get(key)
+            if isinstance(v, float) and not math.isfinite(v):
+                problems.append(f"statistics.{name}.{key}: {v} is not a finite number")
+    return problems
 
 
 def _table_dict(t: TablePlan) -> dict[str, Any]:

@@ -123,8 +123,36 @@ def show(plan: Plan) -> str:
     step = (plan.predicted or {}).get("step_time_s")
     if step is not None:
         lines.append(f"  predicted step time {step * 1e3:.2f} ms")
+    lines += statistics_lines(plan)
     lines += evidence_lines(plan)
     return "\n".join(lines)
+
+
+STATISTICS_SHOWN = 10  # tables `show` lists of a plan's statistics digest; the file has them all
+
+
+def statistics_lines(plan: Plan, limit: int = STATISTICS_SHOWN) -> list[str]:
+    """The plan's statistics digest for people: the first `limit` tables in model order, one
+    line each, and how many more the file holds; [] for a plan without a digest."""
+    if plan.statistics is None:
+        return []
+    names = [t.name for t in plan.model if t.name in plan.statistics]
+    width = max(5, *(len(n) for n in names)) if names else 5
+    lines = [
+        "",
+        f"statistics digest ({len(names)} tables; what `sparselift plan check` compares with)",
+        f"  {'table':{width}s} {'ids/step/rank':>14s} {'unique':>7s} {'pooling':>8s} "
+        f"{'hot 1%':>7s}",
+    ]
+    for name in names[:limit]:
+        v = plan.statistics[name]
+        lines.append(
+            f"  {name:{width}s} {v['ids_per_step']:14,.0f} {v['unique_ratio']:7.3f} "
+            f"{v['pooling']:8.3g} {v['hot_share']:7.3f}"
+        )
+    if len(names) > limit:
+        lines.append(f"  … and {len(names) - limit} more tables (all in the plan file)")
+    return lines
 
 
 def evidence_lines(plan: Plan) -> list[str]:
