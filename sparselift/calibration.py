@@ -86,6 +86,9 @@ class Provenance:
         step_time_s_median: median measured step time (slowest rank), seconds.
         step_time_s_min: fastest measured step time (slowest rank), seconds.
         profiles: every profile fitted together, when there were several ([] for one).
+        steady_step_s_median: median step timed after the profiled window (slowest rank), the
+            step the calibration reproduces; None when not timed.
+        profiler_inflation: the window's median step ÷ that steady step; None when not timed.
     """
 
     profile: str | None = None
@@ -95,6 +98,8 @@ class Provenance:
     step_time_s_median: float | None = None
     step_time_s_min: float | None = None
     profiles: list[str] = field(default_factory=list)
+    steady_step_s_median: float | None = None
+    profiler_inflation: float | None = None
 
 
 @dataclass
@@ -103,7 +108,8 @@ class HeldOut:
 
     Attributes:
         profile: the profile left out.
-        measured_step_s: its fastest measured step (slowest rank), the step the fit targets.
+        measured_step_s: the step a calibration on it reproduces (its steady step where timed,
+            else its fastest profiled step; slowest rank).
         predicted_step_s: that step under the calibration fitted without it.
     """
 
@@ -309,6 +315,8 @@ def _provenance(prov: Mapping[str, Any], where: str) -> Provenance:
         step_time_s_median=_optional_number(prov, "step_time_s_median", where, at),
         step_time_s_min=_optional_number(prov, "step_time_s_min", where, at),
         profiles=profiles or [],
+        steady_step_s_median=_optional_number(prov, "steady_step_s_median", where, at),
+        profiler_inflation=_optional_number(prov, "profiler_inflation", where, at),
     )
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sparselift.analysis.fit import ProfileEvidence, fit_evidence
+from sparselift.analysis.evidence import ProfileEvidence
+from sparselift.analysis.fit import fit_evidence
 from sparselift.analysis.joint import fit_jointly
 from sparselift.analysis.pipeline import analyze
 from sparselift.analysis.samples import SAMPLE_COLUMNS
@@ -55,7 +56,9 @@ def _evidence(name: str, seed: int, ranks: int, groups: list[str]) -> ProfileEvi
     per_rank = busy.groupby(["step", "rank", "kind"])["y"].sum().groupby(["step", "kind"]).max()
     step_s = per_rank.groupby("step").sum() + DENSE
     manifest = {"world_size": ranks, "device": "cpu", "backend": "gloo", "batch_size": 64}
-    return ProfileEvidence(name, manifest, "cpu", ranks, calls, step_s, pd.DataFrame())
+    return ProfileEvidence(
+        name, manifest, "cpu", ranks, calls, step_s, pd.DataFrame(), float(step_s.min())
+    )
 
 
 def test_a_joint_fit_recovers_the_coefficients_two_plans_were_made_with():
@@ -143,3 +146,44 @@ def test_the_optimizer_counts_lookup_work_in_the_refitted_unit():
         for name, c in (("refit", refit), ("kernel", kernel))
     }
     assert work["refit"] > work["kernel"]  # κ 12 > 5 and μ 0.5 > 0.22 both add work
+
+
+def test_optimize_plans_with_the_joint_calibration_of_two_profiles(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    argv = ["optimize", "--profile", str(TW), "--profile", str(RW), "--no-baseline"]
+    assert main([*argv, "--time-limit", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"left out {RW}: predicted" in printed
+    plan = json.loads(out.read_text())
+    assert plan["provenance"]["profiles"] == [str(TW), str(RW)]
+    assert plan["evidence"]["lookup_bwd"] == {"source": "measured", "from": str(TW)}
+
+
+def test_a_calibration_reproduces_the_steady_step_timed_after_the_window(tmp_path):
+    from sparselift import plans
+    from sparselift.analysis.compare import slowest_rank_steps
+    from sparselift.optimizer.predict import predict_plan
+    from sparselift.optimizer.table_stats import stats_from_profile
+    from sparselift.optimizer.topology import preset
+
+    prof = tmp_path / "steady"
+    shutil.copytree(TW, prof)
+    m = json.loads((prof / "manifest.json").read_text())
+    window = slowest_rank_steps(m)[m["warmup"] : m["warmup"] + len(m["profiled_steps"])]
+    steady = [0.6 * float(np.median(window)) * f for f in (0.98, 1.0, 1.01, 1.03, 0.99)]
+    m["steady_step_s"] = steady
+    (prof / "manifest.json").write_text(json.dumps(m))
+
+    def predicted(cal: Calibration) -> float:
+        stats, batch = stats_from_profile(TW)
+        plan = plans.load(FIX / "tiny_table_wise.plan.json")
+        return predict_plan(plan, stats, cal, preset("cpu-gloo", 2, 2), batch).step_time_s
+
+    corrected = analyze(prof, cache=False).calibration
+    plain = analyze(TW, cache=False).calibration
+    assert corrected.provenance.profiler_inflation == pytest.approx(1 / 0.6, rel=0.02)
+    assert corrected.provenance.steady_step_s_median == pytest.approx(float(np.median(steady)))
+    assert plain.provenance.profiler_inflation is None
+    # the optimizer's model of the profiled plan: the steady step, not the profiled window's
+    assert predicted(corrected) == pytest.approx(float(np.median(steady)), rel=0.1)
+    assert predicted(plain) > 1.3 * float(np.median(steady))

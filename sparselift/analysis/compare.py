@@ -96,6 +96,26 @@ class Verdict:
         }
 
 
+def slowest_rank_steps(m: dict[str, Any]) -> list[float]:
+    """Every recorded step's time on its slowest rank (`step_times_s[rank][step]`), [] when the
+    manifest has none."""
+    per_rank = m.get("step_times_s") or []
+    if not per_rank or not all(isinstance(r, list) and r for r in per_rank):
+        return []
+    n = min(len(r) for r in per_rank)
+    return [max(float(r[i]) for r in per_rank) for i in range(n)]
+
+
+def after_window(m: dict[str, Any]) -> list[float]:
+    """Steps timed after the profiled window, slowest rank: the profiler's own `steady_step_s`
+    where it recorded them, else the training loop's step times past the window; [] if none."""
+    steady = m.get("steady_step_s")
+    if isinstance(steady, list) and steady:
+        return [float(x) for x in steady]
+    warmup, window = int(m.get("warmup", 0)), len(m.get("profiled_steps") or [])
+    return slowest_rank_steps(m)[warmup + window :]
+
+
 def steady_steps(profile: str | Path) -> SteadySteps:
     """The steady step times of a profile directory, read from its manifest.
 
@@ -104,15 +124,13 @@ def steady_steps(profile: str | Path) -> SteadySteps:
     """
     d = Path(profile)
     m = read_manifest(d)
-    per_rank = m.get("step_times_s") or []
-    warmup, window = int(m.get("warmup", 0)), len(m.get("profiled_steps") or [])
-    if not per_rank or not all(isinstance(r, list) and r for r in per_rank):
+    slowest = slowest_rank_steps(m)
+    if not slowest:
         raise UserError(f"{d / 'manifest.json'}: no step times (step_times_s) to compare")
-    n = min(len(r) for r in per_rank)
-    slowest = [max(float(r[i]) for r in per_rank) for i in range(n)]
-    after = slowest[warmup + window :]
+    after = after_window(m)
     if len(after) >= MIN_STEPS:
         return SteadySteps(str(d), after, "after the window")
+    warmup, window = int(m.get("warmup", 0)), len(m.get("profiled_steps") or [])
     inside = slowest[warmup : warmup + window]
     if len(inside) < MIN_STEPS:
         raise UserError(

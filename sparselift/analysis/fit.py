@@ -19,23 +19,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from sparselift.analysis.samples import (
-    LOOKUPS,
-    call_samples,
-    lookup_parts_per_node,
-    lookup_work_of,
-    with_plan_bytes,
-)
+from sparselift.analysis.evidence import ProfileEvidence, profile_evidence
+from sparselift.analysis.samples import LOOKUPS, lookup_work_of
 from sparselift.analysis.unit_fit import MAX_REL_SE, refit_unit
-from sparselift.analysis.volumes import dist_bytes
 from sparselift.calibration import UNITS, Calibration, OpFit, Provenance, lookup_unit
-from sparselift.errors import UserError
 from sparselift.kernels import CPU_CALL_S, KERNEL_UNIT, LookupUnit
 
 # the manifest fields a calibration carries along (optimize reads the hardware from them)
@@ -51,7 +43,6 @@ MANIFEST_FIELDS = (
     "pipeline",
     "profiled_steps",
 )
-PLAN_TABLE_COLUMNS = ["table", "module", "sharding_type", "rank", "rows", "cols"]
 
 
 class LineFit(NamedTuple):
@@ -241,85 +232,20 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu")
     return per.groupby(["step", "kind"])["cost"].max().groupby("step").sum()
 
 
-@dataclass
-class ProfileEvidence:
-    """One profile's samples, gathered before any fit (so that several can be fitted together).
-
-    Attributes:
-        profile: the profile directory.
-        manifest: its manifest.
-        device: "cpu" or "cuda".
-        world_size: ranks profiled.
-        calls: per-call samples of its quieter steps (`samples.call_samples`).
-        step_s: each step's time, slowest rank (indexed by step).
-        dp: its data-parallel allreduce collectives (`dp_allreduce_fit`'s input).
-    """
-
-    profile: str
-    manifest: dict[str, Any]
-    device: str
-    world_size: int
-    calls: pd.DataFrame
-    step_s: pd.Series
-    dp: pd.DataFrame
-
-
-def profile_evidence(
-    nodes: pd.DataFrame,
-    steps: pd.DataFrame,
-    manifest: dict[str, Any],
-    profile_dir: str,
-    access: pd.DataFrame | None = None,
-    plan_tables: pd.DataFrame | None = None,
-) -> ProfileEvidence:
-    """Gather one profile's call samples and step times.
-
-    Args:
-        nodes: graph nodes (`reconstruct.build_graph`).
-        steps: measured step windows per rank (rank, step, dur_s).
-        manifest: the profile's manifest (world_size, device, backend, batch_size, tables, …).
-        profile_dir: the profile directory, for messages and the provenance.
-        access: the profile's access statistics, if recorded.
-        plan_tables: the plan in force, one row per shard.
-    Returns:
-        The evidence (lookup samples carry their parts: ids, distinct rows, pooled elements).
-    Raises:
-        UserError: the quieter steps have no sparse-path call to fit on.
-    """
-    world = int(manifest["world_size"])
-    device = manifest.get("device") or "cpu"
-    nodes = nodes.copy()
-    look = nodes["kind"].isin(LOOKUPS)
-    if look.any():
-        tables = (
-            plan_tables if plan_tables is not None else pd.DataFrame(columns=PLAN_TABLE_COLUMNS)
-        )
-        parts = lookup_parts_per_node(nodes[look], access, tables, world)
-        nodes.loc[look, "x"] = lookup_work_of(parts, nodes.loc[look, "kind"], device)
-        nodes.loc[look, ["ids", "unique", "bag_elems"]] = parts[["ids", "unique", "bag_elems"]]
-    step_s = steps.groupby("step")["dur_s"].max()
-    quiet = step_s.index[step_s <= step_s.median()]
-    nodes = nodes[nodes["step"].isin(quiet)]
-    calls = call_samples(nodes, world)
-    if calls.empty:
-        raise UserError(f"{profile_dir}: no sparse-path samples to calibrate on")
-    if (
-        access is not None
-        and not access.empty
-        and plan_tables is not None
-        and not plan_tables.empty
-    ):
-        calls = with_plan_bytes(calls, dist_bytes(access, plan_tables, manifest))
-    dp = nodes[nodes["kind"] == "dp_allreduce"]
-    return ProfileEvidence(str(profile_dir), manifest, device, world, calls, step_s, dp)
+def sparse_at_target(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:
+    """The profile's modelled sparse path at the step its calibration reproduces (`target_s`):
+    at its fastest step, or over its quieter steps (median) when steady steps were timed."""
+    calls = ev.calls[ev.calls["kind"].isin(list(ops))]
+    sparse = sparse_cost(calls, ops, ev.device).reindex(ev.step_s.index).fillna(0.0)
+    if ev.steady_step_s is None:
+        return float(sparse.at[ev.step_s.idxmin()])
+    return float(sparse.loc[sorted(ev.calls["step"].unique())].median())
 
 
 def dense_of(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:
-    """The profile's dense step under `ops`: its fastest step less that step's modelled sparse
-    path (on a shared host, other processes only ever add time)."""
-    sparse = sparse_cost(ev.calls, ops, ev.device).reindex(ev.step_s.index).fillna(0.0)
-    best = ev.step_s.idxmin()
-    return max(float(ev.step_s.at[best] - sparse.at[best]), 0.0)
+    """The profile's dense step under `ops`: the step it reproduces less the modelled sparse
+    path there (never negative)."""
+    return max(ev.target_s - sparse_at_target(ev, ops), 0.0)
 
 
 def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
@@ -349,6 +275,8 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
         samples=int(len(calls)),
         step_time_s_median=float(first.step_s.median()),
         step_time_s_min=float(first.step_s.min()),
+        steady_step_s_median=first.steady_step_s,
+        profiler_inflation=first.inflation,
         profiles=[ev.profile for ev in evidence] if len(evidence) > 1 else [],
     )
     return Calibration(
@@ -372,7 +300,7 @@ def calibrate(
 ) -> Calibration:
     """Fit every op kind present in one profile; dense_step_s closes the measured step time.
 
-    Args and Raises: as `profile_evidence`.
+    Args and Raises: as `evidence.profile_evidence`.
     Returns:
         `fit_evidence` of that profile alone.
     """

@@ -15,7 +15,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from sparselift.analysis.compare import check_same_job
-from sparselift.analysis.fit import ProfileEvidence, fit_evidence, sparse_cost
+from sparselift.analysis.evidence import ProfileEvidence
+from sparselift.analysis.fit import fit_evidence, sparse_at_target
 from sparselift.analysis.pipeline import Analysis
 from sparselift.analysis.pipeline_overlap import (
     SPARSE_DIST,
@@ -64,7 +65,7 @@ def prior_fit(kind: str, device: str) -> OpFit | None:
 
 
 def held_out(evidence: list[ProfileEvidence], i: int) -> HeldOut:
-    """Profile i's fastest step predicted by the calibration fitted on the others.
+    """Profile i's step (its `target_s`) predicted by the calibration fitted on the others.
 
     Op kinds the others do not have are priced by `prior_fit` (or not at all off CPU).
     """
@@ -75,11 +76,8 @@ def held_out(evidence: list[ProfileEvidence], i: int) -> HeldOut:
         prior = prior_fit(kind, ev.device)
         if kind not in ops and prior is not None:
             ops[kind] = prior
-    calls = ev.calls[ev.calls["kind"].isin(list(ops))]
-    sparse = sparse_cost(calls, ops, ev.device).reindex(ev.step_s.index).fillna(0.0)
-    best = ev.step_s.idxmin()
-    predicted = (cal.dense_step_s or 0.0) + float(sparse.at[best])
-    return HeldOut(ev.profile, float(ev.step_s.at[best]), predicted)
+    predicted = (cal.dense_step_s or 0.0) + sparse_at_target(ev, ops)
+    return HeldOut(ev.profile, ev.target_s, predicted)
 
 
 def fit_jointly(analyses: Sequence[Analysis], pipeline_overhead_s: float | None = None) -> JointFit:
@@ -133,3 +131,21 @@ def _pipeline(
     return fit_pipeline_overlap(
         twin.calibration.provenance.profile or "", twin.critical_path, where or "", overhead_s
     )
+
+
+def held_out_lines(joint: JointFit) -> list[str]:
+    """What the joint fit was made of, and each profile predicted by the fit on the others."""
+    cal = joint.calibration
+    lines = [f"calibrated on {len(joint.base)} profiles together: {', '.join(joint.base)}"]
+    for h in cal.held_out:
+        lines.append(
+            f"  left out {h.profile}: predicted {h.predicted_step_s * 1e3:.2f} ms, measured "
+            f"{h.measured_step_s * 1e3:.2f} ms ({h.error:+.1%})"
+        )
+    for kind in ("lookup_fwd", "lookup_bwd"):
+        fit = cal.ops.get(kind)
+        if fit is not None and (fit.unique_weight is not None or fit.bag_weight is not None):
+            kappa = "kernel's" if fit.unique_weight is None else f"{fit.unique_weight:.3g}"
+            mu = "kernel's" if fit.bag_weight is None else f"{fit.bag_weight:.3g}"
+            lines.append(f"  {kind} unit refitted: κ {kappa}, μ {mu}")
+    return lines

@@ -13,7 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from sparselift.analysis.fit import ProfileEvidence, fit_evidence, profile_evidence
+from sparselift.analysis.evidence import ProfileEvidence, profile_evidence
+from sparselift.analysis.fit import fit_evidence
 from sparselift.analysis.names import SPARSE_STAGES
 from sparselift.analysis.profile import load_profile
 from sparselift.analysis.reconstruct import build_graph

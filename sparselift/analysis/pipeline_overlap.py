@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sparselift.analysis.compare import check_same_job
+from sparselift.analysis.compare import after_window, check_same_job
+from sparselift.analysis.evidence import MIN_STEADY_STEPS
 from sparselift.analysis.profile import read_manifest
 from sparselift.errors import UserError
 
@@ -46,8 +47,12 @@ class PipelineOverlap:
 
 
 def _profiled_step_s(profile: Path) -> float:
-    """Median slowest-rank step over the profiled window (the steps the calibration fits on)."""
+    """Median slowest-rank step: of the steps timed after the window where there are enough
+    (they run as training does), else of the profiled window."""
     m = read_manifest(profile)
+    after = after_window(m)
+    if len(after) >= MIN_STEADY_STEPS:
+        return statistics.median(after)
     warmup, n = int(m.get("warmup", 0)), len(m.get("profiled_steps") or [])
     per_rank = m.get("step_times_s") or []
     if not per_rank or n == 0:

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from sparselift.analysis.findings import key_findings
-from sparselift.analysis.joint import JointFit, check_one_job, fit_jointly
+from sparselift.analysis.joint import JointFit, check_one_job, fit_jointly, held_out_lines
 from sparselift.analysis.pipeline import OUTPUTS, Analysis, analyze, check_output_dir, write_outputs
 from sparselift.analysis.pipeline_overlap import PipelineOverlap, fit_pipeline_overlap
 from sparselift.analysis.summary import format_summary
@@ -78,24 +78,6 @@ def _joint(a: Analysis, args: argparse.Namespace) -> JointFit:
         for d in args.more
     ]
     return fit_jointly([a, *others], _overhead_s(a, args))
-
-
-def held_out_lines(joint: JointFit) -> list[str]:
-    """What the joint fit was made of, and each profile predicted by the fit on the others."""
-    cal = joint.calibration
-    lines = [f"calibrated on {len(joint.base)} profiles together: {', '.join(joint.base)}"]
-    for h in cal.held_out:
-        lines.append(
-            f"  left out {h.profile}: predicted {h.predicted_step_s * 1e3:.2f} ms, measured "
-            f"{h.measured_step_s * 1e3:.2f} ms ({h.error:+.1%})"
-        )
-    for kind in ("lookup_fwd", "lookup_bwd"):
-        fit = cal.ops.get(kind)
-        if fit is not None and (fit.unique_weight is not None or fit.bag_weight is not None):
-            kappa = "kernel's" if fit.unique_weight is None else f"{fit.unique_weight:.3g}"
-            mu = "kernel's" if fit.bag_weight is None else f"{fit.bag_weight:.3g}"
-            lines.append(f"  {kind} unit refitted: κ {kappa}, μ {mu}")
-    return lines
 
 
 def run_analyze(args: argparse.Namespace) -> int:

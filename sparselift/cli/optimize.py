@@ -6,7 +6,6 @@ import argparse
 import math
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparselift.errors import UserError
@@ -30,7 +29,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("optimize", help="choose a sharding/kernel/qcomm/pipeline plan with CP-SAT")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
-        "--profile", metavar="DIR", help="a profile directory analyzed by `sparselift analyze`"
+        "--profile",
+        metavar="DIR",
+        action="append",
+        help="a profile directory analyzed by `sparselift analyze`; repeat it for several "
+        "profiles of the same job (other plans, pipelines), calibrated together",
     )
     src.add_argument("--workload", help="built-in workload name or spec path (what-if planning)")
     p.add_argument(
@@ -98,22 +101,20 @@ def _inputs(args: argparse.Namespace) -> Inputs:
         load_calibration,
     )
     from sparselift.optimizer.optimize import Inputs
-    from sparselift.optimizer.table_stats import stats_from_profile, stats_from_spec
+    from sparselift.optimizer.profile_input import read_profile
+    from sparselift.optimizer.table_stats import stats_from_spec
     from sparselift.optimizer.topology import load_topology, profiled_topology
 
     calibration, spec = None, None
-    if args.profile:
-        cal = Path(args.profile, "calibration.json")
-        if not Path(args.profile).is_dir():
-            raise UserError(f"{args.profile}: not a profile directory")
-        if not cal.is_file():
-            raise UserError(
-                f"{args.profile} has no calibration.json: "
-                f"run `sparselift analyze {args.profile}` first"
-            )
-        calibration = load_calibration(cal)
-        stats, batch = stats_from_profile(args.profile)
-        provenance = {"profile": str(args.profile)}
+    profile = args.profile[0] if args.profile else None
+    if profile is not None:
+        prof = read_profile(profile, need_calibration=len(args.profile) == 1)
+        calibration, stats, batch = prof.calibration, prof.stats, prof.batch_size
+        if len(args.profile) > 1:
+            calibration = _joint_calibration(args.profile)
+        provenance: dict[str, Any] = {"profile": str(profile)}
+        if len(args.profile) > 1:
+            provenance["profiles"] = [str(p) for p in args.profile]
     else:
         from sparselift.workloads.spec import load_workload
 
@@ -132,7 +133,7 @@ def _inputs(args: argparse.Namespace) -> Inputs:
     else:
         topo = profiled_topology(
             calibration,
-            args.profile or args.calibration,
+            profile or args.calibration,
             args.world_size,
             args.local_world_size,
             args.device,
@@ -140,6 +141,26 @@ def _inputs(args: argparse.Namespace) -> Inputs:
     dense = dense_step_estimate(spec, topo, batch) if spec is not None else 0.0
     provenance["topology"] = topo.preset or args.topology
     return Inputs(stats, topo, batch, coefficients(topo, calibration, dense), provenance)
+
+
+def _joint_calibration(profiles: list[str]) -> dict[str, Any]:
+    """The calibration fitted on every profile together (`analysis.joint`), printing each one's
+    leave-one-out error.
+
+    Raises:
+        UserError: the profiles are of different jobs, or one is not a profile.
+    """
+    from sparselift.analysis.joint import check_one_job, fit_jointly, held_out_lines
+    from sparselift.analysis.pipeline import analyze
+    from sparselift.optimizer.topology import profiled_topology
+
+    check_one_job(profiles)
+    analyses = [analyze(p) for p in profiles]
+    first = analyses[0]
+    overhead = profiled_topology(first.calibration.to_dict(), profiles[0]).pipeline_overhead_s
+    joint = fit_jointly(analyses, overhead)
+    print("\n".join(held_out_lines(joint)))
+    return joint.calibration.to_dict()
 
 
 def run_optimize(args: argparse.Namespace) -> int:

@@ -1,0 +1,160 @@
+"""One profile's evidence for the calibration: per-call samples and step times, before any fit.
+
+Gathered apart from the fit so that several profiles of a job can be fitted together
+(`fit.fit_evidence`). The profiled window runs slower than training does (the profiler records
+every op), so where the profile also timed steps after the window, the window's samples are
+scaled to the steady step: the profiler's inflation (window ÷ steady, slowest rank, medians) is
+taken to slow every part of a step alike, and the calibration then reproduces the steady step,
+not the profiled one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from sparselift.analysis.compare import after_window, slowest_rank_steps
+from sparselift.analysis.samples import (
+    LOOKUPS,
+    call_samples,
+    lookup_parts_per_node,
+    lookup_work_of,
+    with_plan_bytes,
+)
+from sparselift.analysis.volumes import dist_bytes
+from sparselift.errors import UserError
+
+PLAN_TABLE_COLUMNS = ["table", "module", "sharding_type", "rank", "rows", "cols"]
+MIN_STEADY_STEPS = 3  # steps timed after the window for their median to stand for the steady step
+SCALED = ("y", "wait", "transfer")  # the samples' columns that are durations
+
+
+@dataclass
+class ProfileEvidence:
+    """One profile's samples.
+
+    Attributes:
+        profile: the profile directory.
+        manifest: its manifest.
+        device: "cpu" or "cuda".
+        world_size: ranks profiled.
+        calls: per-call samples of its quieter steps (`samples.call_samples`), durations scaled
+            to the steady step where it was timed.
+        step_s: each profiled step's time, slowest rank (indexed by step), scaled alike.
+        dp: its data-parallel allreduce collectives (`fit.dp_allreduce_fit`'s input).
+        target_s: the step the calibration reproduces: the steady step's median where timed,
+            else the fastest profiled step (on a shared host, other processes only add time).
+        steady_step_s: median step timed after the window; None when fewer than
+            MIN_STEADY_STEPS were.
+        inflation: the profiled window's median step ÷ steady_step_s; None when not measured.
+    """
+
+    profile: str
+    manifest: dict[str, Any]
+    device: str
+    world_size: int
+    calls: pd.DataFrame
+    step_s: pd.Series
+    dp: pd.DataFrame
+    target_s: float
+    steady_step_s: float | None = None
+    inflation: float | None = None
+
+
+def window_inflation(manifest: dict[str, Any], step_s: pd.Series) -> tuple[float, float] | None:
+    """(steady step, window ÷ steady) from the manifest's step times; None without enough steps
+    after the window.
+
+    The window's steps are the loop's own timings of them where recorded (the same clock as the
+    steps after), else the trace's.
+    """
+    after = after_window(manifest)
+    if len(after) < MIN_STEADY_STEPS:
+        return None
+    warmup, n = int(manifest.get("warmup", 0)), len(manifest.get("profiled_steps") or [])
+    window = slowest_rank_steps(manifest)[warmup : warmup + n] or list(step_s)
+    steady = statistics.median(after)
+    if steady <= 0:
+        return None
+    return steady, statistics.median(window) / steady
+
+
+def profile_evidence(
+    nodes: pd.DataFrame,
+    steps: pd.DataFrame,
+    manifest: dict[str, Any],
+    profile_dir: str,
+    access: pd.DataFrame | None = None,
+    plan_tables: pd.DataFrame | None = None,
+) -> ProfileEvidence:
+    """Gather one profile's call samples and step times.
+
+    Args:
+        nodes: graph nodes (`reconstruct.build_graph`).
+        steps: measured step windows per rank (rank, step, dur_s).
+        manifest: the profile's manifest (world_size, device, backend, batch_size, tables, …).
+        profile_dir: the profile directory, for messages and the provenance.
+        access: the profile's access statistics, if recorded.
+        plan_tables: the plan in force, one row per shard.
+    Returns:
+        The evidence (lookup samples carry their parts: ids, distinct rows, pooled elements).
+    Raises:
+        UserError: the quieter steps have no sparse-path call to fit on.
+    """
+    world = int(manifest["world_size"])
+    device = manifest.get("device") or "cpu"
+    nodes = nodes.copy()
+    look = nodes["kind"].isin(LOOKUPS)
+    if look.any():
+        tables = (
+            plan_tables if plan_tables is not None else pd.DataFrame(columns=PLAN_TABLE_COLUMNS)
+        )
+        parts = lookup_parts_per_node(nodes[look], access, tables, world)
+        nodes.loc[look, "x"] = lookup_work_of(parts, nodes.loc[look, "kind"], device)
+        nodes.loc[look, ["ids", "unique", "bag_elems"]] = parts[["ids", "unique", "bag_elems"]]
+    step_s = steps.groupby("step")["dur_s"].max()
+    quiet = step_s.index[step_s <= step_s.median()]
+    nodes = nodes[nodes["step"].isin(quiet)]
+    calls = call_samples(nodes, world)
+    if calls.empty:
+        raise UserError(f"{profile_dir}: no sparse-path samples to calibrate on")
+    if (
+        access is not None
+        and not access.empty
+        and plan_tables is not None
+        and not plan_tables.empty
+    ):
+        calls = with_plan_bytes(calls, dist_bytes(access, plan_tables, manifest))
+    dp = nodes[nodes["kind"] == "dp_allreduce"]
+    ev = ProfileEvidence(
+        str(profile_dir), manifest, device, world, calls, step_s, dp, float(step_s.min())
+    )
+    steady = window_inflation(manifest, step_s)
+    return ev if steady is None else scaled_to_steady(ev, *steady)
+
+
+def scaled_to_steady(ev: ProfileEvidence, steady_s: float, inflation: float) -> ProfileEvidence:
+    """`ev` with its durations divided by the window's inflation (where it is > 1: a window no
+    slower than the steady steps was not slowed by the profiler) and the steady step as target."""
+    f = max(inflation, 1.0)
+    calls = ev.calls.copy()
+    calls[list(SCALED)] = calls[list(SCALED)] / f
+    dp = ev.dp.copy()
+    for col in ("dur_s", "transfer_s"):
+        if col in dp:
+            dp[col] = dp[col] / f
+    return ProfileEvidence(
+        ev.profile,
+        ev.manifest,
+        ev.device,
+        ev.world_size,
+        calls,
+        ev.step_s / f,
+        dp,
+        target_s=steady_s,
+        steady_step_s=steady_s,
+        inflation=inflation,
+    )
