@@ -2,8 +2,9 @@
 
 `tune` profiles the baseline plan (TorchRec's, unless one is given) under each train pipeline
 (the pair calibrates what the sparse-dist pipeline hides), plans from that calibration, profiles
-the candidate the same way, re-plans from the candidate's own profiles, and so on until the plan is
-a fixed point or the iteration budget is spent. Then it measures candidate and baseline in one
+the candidate the same way, recalibrates on every profile so far together (`analysis.joint`: more
+plans tell more coefficients apart), re-plans, and so on until the plan is a fixed point or the
+iteration budget is spent. Then it measures candidate and baseline in one
 interleaved A/B run. The candidate is shipped only when the lower end of the interval of the
 measured ratio is above 1: a model's prediction is evidence for trying a plan, not for shipping it.
 
@@ -55,6 +56,8 @@ class Iteration:
         predicted_step_s: the step `optimize` predicted for it (None for the baseline).
         measured_step_s: the median steady step of its profile (slowest rank).
         next_plan: the plan `optimize` made from this profile.
+        held_out: the joint calibration's leave-one-out checks after this profile
+            (`calibration.HeldOut` as JSON; [] while there is one base profile).
     """
 
     plan: str
@@ -62,6 +65,7 @@ class Iteration:
     predicted_step_s: float | None
     measured_step_s: float
     next_plan: str
+    held_out: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -175,6 +179,7 @@ def tune(
     train = [*common, "--nproc", str(cfg.nproc), "--seed", str(cfg.seed), "--device", cfg.device]
     if cfg.batch_size:
         train += ["--batch-size", str(cfg.batch_size)]
+    profiled: list[str] = []  # every profile so far, each base one before its sparse-dist twin
     for i in range(max_iterations + 1):
         # the plan under each pipeline: the pair measures what the sparse-dist pipeline hides
         prof, prof_sd = str(work / f"profile{i}"), str(work / f"profile{i}-sparse-dist")
@@ -195,9 +200,8 @@ def tune(
                 "--force",
             ]
             _step(f"profile {plan}", argv, run_command, echo)
-        _step(
-            f"analyze {prof}", ["analyze", prof, "--pipeline-profile", prof_sd], run_command, echo
-        )
+        profiled[:0] = [prof, prof_sd]  # this plan's pair first: the sparse-dist fit pairs it
+        _step(f"analyze {prof}", ["analyze", *profiled], run_command, echo)
         nxt = str(work / f"plan{i + 1}.json")
         _step(
             f"optimize --profile {prof}",
@@ -209,11 +213,14 @@ def tune(
             prof_sd if json.loads(Path(plan).read_text()).get("pipeline") == "sparse-dist" else prof
         )
         measured = steady_steps(own).median_s
-        result.iterations.append(Iteration(plan, own, predicted, measured, nxt))
+        held = json.loads(Path(prof, "calibration.json").read_text()).get("held_out", [])
+        result.iterations.append(Iteration(plan, own, predicted, measured, nxt, held))
         pred = "—" if predicted is None else f"{predicted * 1e3:.2f} ms"
+        loo = ", ".join(f"{Path(h['profile']).name} {h['error']:+.1%}" for h in held)
         echo(
             f"tune: iteration {i}: {Path(plan).name} predicted {pred}, measured "
             f"{measured * 1e3:.2f} ms (steady steps)"
+            + (f"; leave-one-out errors of the joint calibration: {loo}" if loo else "")
         )
         if same_sharding(nxt, plan):
             result.fixed_point = True

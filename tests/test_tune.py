@@ -8,6 +8,7 @@ import pytest
 
 from sparselift.cli import main
 from sparselift.tune import ratio_interval, tune
+from sparselift.tune_report import write_tune_report
 from sparselift.workloads.harness import TrainConfig
 from sparselift.workloads.launch import RankFailed
 
@@ -49,6 +50,15 @@ def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
     assert out.read_bytes() == open(baseline, "rb").read()
     rec = json.loads((tmp_path / "work" / "tune.json").read_text())
     assert rec["shipped"] == "baseline" and rec["iterations"][0]["measured_step_s"] > 0
+    # the candidate's profile was calibrated together with the baseline's: both are checked
+    held = rec["iterations"][1]["held_out"]
+    assert len(held) == 2 and all(h["measured_step_s"] > 0 for h in held)
+    report = tmp_path / "tune.html"
+    write_tune_report(report, res, tmp_path / "work")
+    page = report.read_text()
+    assert page.index("Verdict") < page.index("Iterations: predicted vs measured step")
+    assert f"{round(res.iterations[1].measured_step_s * 1e3, 3):.4g}" in page  # the table's format
+    assert "Joint calibration: leave-one-out" in page and "A/B: median" in page
 
 
 @pytest.mark.slow

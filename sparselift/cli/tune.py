@@ -37,6 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--work", default=None, metavar="DIR", help="keep plans and profiles here (default: temp)"
     )
+    p.add_argument(
+        "--html",
+        default=None,
+        metavar="REPORT",
+        help="also write an HTML report: verdict, each iteration's predicted and measured step, "
+        "the A/B rounds and the plans",
+    )
     p.set_defaults(run=run_tune)
 
 
@@ -49,11 +56,13 @@ def run_tune(args: argparse.Namespace) -> int:
     from sparselift.cli import main
 
     check_writable(args.out)
+    if args.html:
+        check_writable(args.html)
     cfg = config_from_args(args)
     with tempfile.TemporaryDirectory(prefix="sparselift-tune-") as tmp:
         work = Path(args.work or tmp)
         try:
-            tune(
+            result = tune(
                 cfg,
                 args.out,
                 work,
@@ -69,4 +78,9 @@ def run_tune(args: argparse.Namespace) -> int:
         except StepFailed as e:
             print(f"sparselift tune: stopped: {e}; {args.out} not written", file=sys.stderr)
             return e.code
+        if args.html:
+            from sparselift.tune_report import write_tune_report
+
+            write_tune_report(args.html, result, work)
+            print(f"wrote {args.html}")
     return 0
