@@ -1,231 +1,201 @@
-"""Does the calibration predict plans it never saw? Profile ≥3 plans of one workload, calibrate on
-one, predict the others' step times, print predicted vs measured and the error (target: within 10%).
+"""Does the calibration predict plans it never saw, and rank them as they measure?
 
-    .venv/bin/python benchmarks/bench_prediction.py --workload tiny --steps 8
-    .venv/bin/python benchmarks/bench_prediction.py --workload multihot-26 --max-rows 100000 \
-        --steps 8
+Per workload (tiny, multihot-26 and criteo-kaggle, rows capped), on 2 CPU ranks:
+1. profile TorchRec's plan under the base and the sparse-dist pipeline and calibrate on the pair
+   (`analyze BASE SPARSE_DIST`: what a user starts from);
+2. plan with `optimize --profile` (SparseLift's plan), and take TorchRec's plan, round-robin
+   table-wise, and three one-decision neighbours of SparseLift's plan (the other pipeline, the
+   other comm precision, its heaviest table moved: `plan_set.neighbours`) — six plans;
+3. profile every plan `--repeats` times in interleaved passes (A B C … A B C), each pass timing
+   steady steps after its window;
+4. predict every plan with the optimizer's cost model (`predict_plan`, what the solver minimizes)
+   from the calibration of step 1, and compare with the measured steady step (median over the
+   passes of each pass's median after the window, slowest rank).
 
-Plans (sparselift plan files): all table-wise (round robin), all row-wise, and mixed (row-wise for
-the largest tables, column-wise for the next ones, table-wise for the rest). Measured step time is
-the profiled one (fastest step, slowest rank's ProfilerStep: robust on a shared host), the quantity
-the trace calibrates; the median is printed too. Every plan is profiled --repeats times in
-interleaved passes and the pass with the fastest step counts, since a host can slow down a whole
-pass. The predictor is the optimizer's own cost model
-(`sparselift.optimizer.predict.predict_plan`, what the CP-SAT solver minimizes), so this
-validates the model plans are chosen by.
+Targets: |predicted − measured| ≤ 10 % for ≥ 90 % of the plans, and the predicted order of the
+plans matches the measured order (Kendall τ ≥ 0.8, per workload and pooled).
+
+    .venv/bin/python benchmarks/bench_prediction.py                       # 3 workloads
+    .venv/bin/python benchmarks/bench_prediction.py --workloads tiny --repeats 1   # quick
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
+
+from cli_steps import sh
+from plan_set import neighbours
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_ROWS = {"tiny": None, "multihot-26": 200_000, "criteo-kaggle": 200_000}
 
 
-class Profiled(NamedTuple):
-    """A plan and the analysis of its least disturbed profile pass."""
-
-    plan: Any  # sparselift.plans.Plan
-    analysis: Any  # sparselift.analysis.pipeline.Analysis
-    path: Path  # the pass's profile directory
-
-
-def make_plans(workload: str, world: int, max_rows: int | None) -> dict:
-    """name → sparselift Plan: table_wise, row_wise, mixed (with column-wise)."""
-    from sparselift.plans import (
-        Plan,
-        PlanTopology,
-        Shard,
-        TableFingerprint,
-        TablePlan,
-        round_robin_table_wise,
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's τ-a of two equally long sequences (ties count as neither)."""
+    pairs = list(itertools.combinations(range(len(a)), 2))
+    s = sum(
+        (1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1 if (a[i] - a[j]) * (b[i] - b[j]) < 0 else 0)
+        for i, j in pairs
     )
-    from sparselift.workloads.spec import load_workload
+    return s / len(pairs) if pairs else 1.0
 
-    spec = load_workload(workload).capped(max_rows)
-    fps = [
-        TableFingerprint(
-            name=t.name,
-            num_embeddings=t.num_embeddings,
-            embedding_dim=t.embedding_dim,
-            feature_names=tuple(t.features),
-        )
-        for t in spec.tables
-    ]
-    topo = PlanTopology(world_size=world, local_world_size=world, device="cpu")
 
-    def rw(t):
-        base, extra = divmod(t.num_embeddings, world)
-        shards, off = [], 0
-        for r in range(world):
-            n = base + (1 if r < extra else 0)
-            shards.append(Shard(rank=r, offsets=(off, 0), sizes=(n, t.embedding_dim)))
-            off += n
-        return TablePlan(
-            name=t.name,
-            sharding_type="row_wise",
-            compute_kernel="fused",
-            ranks=list(range(world)),
-            shards=shards,
-        )
-
-    def cw(t):
-        w = t.embedding_dim // world
-        return TablePlan(
-            name=t.name,
-            sharding_type="column_wise",
-            compute_kernel="fused",
-            ranks=list(range(world)),
-            shards=[
-                Shard(rank=r, offsets=(0, r * w), sizes=(t.num_embeddings, w)) for r in range(world)
-            ],
-        )
-
-    def tw(t, r):
-        return TablePlan(
-            name=t.name,
-            sharding_type="table_wise",
-            compute_kernel="fused",
-            ranks=[r],
-            shards=[Shard(rank=r, offsets=(0, 0), sizes=(t.num_embeddings, t.embedding_dim))],
-        )
-
-    by_size = sorted(fps, key=lambda t: -t.num_embeddings)
-    big, mid = {t.name for t in by_size[:2]}, {t.name for t in by_size[2:4]}
-    mixed = [
-        rw(t) if t.name in big else cw(t) if t.name in mid else tw(t, i % world)
-        for i, t in enumerate(fps)
-    ]
-    return {
-        "table_wise": round_robin_table_wise(fps, topo),
-        "row_wise": Plan(model=fps, topology=topo, tables=[rw(t) for t in fps]),
-        "mixed": Plan(model=fps, topology=topo, tables=mixed),
-    }
+def _common(workload: str, max_rows: int | None) -> list[str]:
+    return ["--workload", workload, *(["--max-rows", str(max_rows)] if max_rows else [])]
 
 
 def profile(
-    plan_path: Path,
-    out: Path,
-    workload: str,
-    nproc: int,
-    steps: int,
-    warmup: int,
-    max_rows: int | None,
+    plan: Path, out: Path, common: list[str], args: argparse.Namespace, pipeline: str | None = None
 ) -> None:
-    """Profile `plan_path` with `sparselift profile` into `out` (its output silenced)."""
-    cmd = [
-        str(ROOT / ".venv/bin/sparselift"),
+    """`sparselift profile` of `plan` into `out` (steady steps timed after the window)."""
+    sh(
         "profile",
-        "--workload",
-        workload,
+        *common,
         "--nproc",
-        str(nproc),
-        "--steps",
-        str(steps),
-        "--warmup",
-        str(warmup),
+        str(args.nproc),
         "--plan",
-        str(plan_path),
+        str(plan),
+        *(["--pipeline", pipeline] if pipeline else []),
+        "--steps",
+        str(args.steps),
+        "--after",
+        str(args.after),
+        "--no-execution-trace",
         "--out",
         str(out),
-        "--no-execution-trace",
-        "--after",
-        "0",
         "--force",
-    ]
-    if max_rows:
-        cmd += ["--max-rows", str(max_rows)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log=sys.stderr,
+    )
 
 
-def measured_step_s(analysis: Any) -> float:
-    """Fastest profiled step (slowest rank's time): the statistic the calibration closes on."""
-    per_step = analysis.steps.groupby("step")["dur_s"].max()
-    return float(per_step.min())
+def make_plans(work: Path, common: list[str], args: argparse.Namespace) -> dict[str, Path]:
+    """Calibrate on TorchRec's plan (both pipelines), then write the six plans; name → file."""
+    from sparselift import plans
+    from sparselift.optimizer.coefficients import coefficients, load_calibration
+    from sparselift.optimizer.cost_model import CostModel
+    from sparselift.optimizer.table_stats import stats_from_profile
+    from sparselift.optimizer.topology import profiled_topology
+
+    torchrec, rr, ours = work / "torchrec.json", work / "round_robin.json", work / "sparselift.json"
+    world = ["--world-size", str(args.nproc)]
+    sh("plan", "from-torchrec", *common, *world, "--out", str(torchrec), log=sys.stderr)
+    sh("plan", "round-robin", *common, *world, "--out", str(rr), log=sys.stderr)
+    base, sd = work / "calib", work / "calib-sparse-dist"
+    profile(torchrec, base, common, args, "base")
+    profile(torchrec, sd, common, args, "sparse-dist")
+    sh("analyze", str(base), str(sd), log=sys.stderr)
+    opt = ["--time-limit", str(args.time_limit), "--out", str(ours)]
+    sh("optimize", "--profile", str(base), *opt, log=sys.stderr)
+    out = {"sparselift": ours, "torchrec": torchrec, "round_robin": rr}
+    cal = load_calibration(base / "calibration.json")
+    stats, batch = stats_from_profile(base)
+    topo = profiled_topology(cal, str(base))
+    model = CostModel(topo, batch, coefficients(topo, cal))
+    for i, (label, p) in enumerate(neighbours(plans.load(ours), stats, model)[:3]):
+        path = work / f"neighbour{i}.json"
+        plans.save(p, path)
+        out[f"n{i}: {label}"] = path
+    return out
+
+
+def measure(
+    named: dict[str, Path], work: Path, common: list[str], args: argparse.Namespace
+) -> dict[str, list[float]]:
+    """Each plan's steady step per interleaved pass (median after the window, slowest rank)."""
+    from sparselift.analysis.compare import steady_steps
+
+    steps: dict[str, list[float]] = {name: [] for name in named}
+    for r in range(args.repeats):
+        for i, (name, plan) in enumerate(named.items()):
+            out = work / f"plan{i}" / f"pass{r}"
+            profile(plan, out, common, args)
+            steps[name].append(steady_steps(out).median_s)
+    return steps
+
+
+def run_workload(workload: str, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """The six plans of one workload: predicted and measured steady step, error."""
+    from sparselift import plans
+    from sparselift.optimizer.coefficients import load_calibration
+    from sparselift.optimizer.predict import predict_plan
+    from sparselift.optimizer.table_stats import stats_from_profile
+    from sparselift.optimizer.topology import profiled_topology
+
+    common = _common(workload, MAX_ROWS.get(workload))
+    named = make_plans(work, common, args)
+    measured = measure(named, work, common, args)
+    base = work / "calib"
+    cal = load_calibration(base / "calibration.json")
+    stats, batch = stats_from_profile(base)
+    topo = profiled_topology(cal, str(base))
+    rows = []
+    for name, path in named.items():
+        pred = predict_plan(plans.load(path), stats, cal, topo, batch).step_time_s
+        meas = statistics.median(measured[name])
+        rows.append(
+            dict(
+                workload=workload,
+                plan=name,
+                predicted_s=pred,
+                measured_s=meas,
+                passes_s=measured[name],
+                error=(pred - meas) / meas,
+            )
+        )
+    return rows
+
+
+def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Print each plan's figures, each workload's τ, and the targets; return the summary."""
+    print(f"{'workload':<14} {'plan':<44} {'pred. ms':>9} {'meas. ms':>9} {'passes ms':>17} error")
+    taus = {}
+    for wl, group in itertools.groupby(rows, key=lambda r: r["workload"]):
+        g = list(group)
+        for r in g:
+            passes = "–".join(f"{x * 1e3:.1f}" for x in (min(r["passes_s"]), max(r["passes_s"])))
+            print(
+                f"{wl:<14} {r['plan'][:44]:<44} {r['predicted_s'] * 1e3:9.2f} "
+                f"{r['measured_s'] * 1e3:9.2f} {passes:>17} {r['error']:+6.1%}"
+            )
+        taus[wl] = kendall_tau([r["predicted_s"] for r in g], [r["measured_s"] for r in g])
+        print(f"{wl:<14} Kendall τ (predicted vs measured order) {taus[wl]:.2f}")
+    within = sum(abs(r["error"]) <= 0.10 for r in rows)
+    share = within / len(rows)
+    print(
+        f"within 10 %: {within}/{len(rows)} plans ({share:.0%}; target ≥ 90 %); "
+        f"Kendall τ per workload {', '.join(f'{w} {t:.2f}' for w, t in taus.items())} "
+        "(target ≥ 0.8)"
+    )
+    return {"rows": rows, "kendall_tau": taus, "within_10pct": share}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Profile, calibrate on one plan, predict every plan; print and save the errors."""
+    """Run every workload, print the table and the targets, save prediction.json."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default="tiny")
+    ap.add_argument("--workloads", nargs="+", default=list(MAX_ROWS))
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--max-rows", type=int, default=None)
-    ap.add_argument("--calibrate-on", default="table_wise")
-    ap.add_argument("--keep", default=None, metavar="DIR", help="keep the profiles here")
-    ap.add_argument("--reuse", action="store_true", help="reuse profiles already in --keep DIR")
-    ap.add_argument(
-        "--repeats",
-        type=int,
-        default=2,
-        help="profile every plan this many times, interleaved; the least disturbed counts",
-    )
+    ap.add_argument("--steps", type=int, default=8, help="profiled steps per run")
+    ap.add_argument("--after", type=int, default=10, help="steady steps timed after each window")
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved passes over the plans")
+    ap.add_argument("--time-limit", type=float, default=20.0)
+    ap.add_argument("--keep", default=None, metavar="DIR", help="keep the work here")
     args = ap.parse_args(argv)
-    if args.workload == "multihot-26" and args.max_rows is None:
-        args.max_rows = 100_000
-
-    from sparselift import plans as splans
-    from sparselift.analysis.pipeline import analyze
-    from sparselift.optimizer.predict import predict_plan
-    from sparselift.optimizer.table_stats import stats_from_profile
-    from sparselift.optimizer.topology import preset
-
     work = Path(args.keep or tempfile.mkdtemp(prefix="sparselift-bench-pred-"))
-    work.mkdir(parents=True, exist_ok=True)
-    plans_by_name = make_plans(args.workload, args.nproc, args.max_rows)
-    for name, plan in plans_by_name.items():
-        splans.save(plan, work / f"{name}.plan.json")
-    # interleaved passes (A B C A B C): a pass slowed down as a whole by the host does not decide
-    for r in range(args.repeats):
-        for name in plans_by_name:
-            out = work / name / f"pass{r}"
-            if not (args.reuse and (out / "manifest.json").is_file()):
-                profile(
-                    work / f"{name}.plan.json",
-                    out,
-                    args.workload,
-                    args.nproc,
-                    args.steps,
-                    args.warmup,
-                    args.max_rows,
-                )
-    results: dict[str, Profiled] = {}
-    for name, plan in plans_by_name.items():
-        runs = [analyze(work / name / f"pass{r}") for r in range(args.repeats)]
-        best = min(range(len(runs)), key=lambda i: measured_step_s(runs[i]))
-        results[name] = Profiled(plan, runs[best], work / name / f"pass{best}")
-    cal = results[args.calibrate_on].analysis.calibration.to_dict()
-    topo = preset("cpu-gloo", args.nproc, args.nproc)
-    print(
-        f"{args.workload} (max_rows {args.max_rows}), {args.nproc} ranks, "
-        f"{args.steps} profiled steps; calibrated on {args.calibrate_on}"
-    )
-    print(f"{'plan':<12} {'measured ms':>12} {'predicted ms':>13} {'error':>8} {'median ms':>10}")
-    errors = {}
-    for name, (plan, a, path) in results.items():
-        stats, batch = stats_from_profile(path)
-        pred = predict_plan(plan, stats, cal, topo, batch).step_time_s
-        meas = measured_step_s(a)
-        errors[name] = (pred - meas) / meas
-        tag = " (calibration)" if name == args.calibrate_on else ""
-        med = float(statistics.median(a.steps.groupby("step")["dur_s"].max()))
-        print(
-            f"{name:<12} {meas * 1e3:12.2f} {pred * 1e3:13.2f} {errors[name] * 100:7.1f}% "
-            f"{med * 1e3:10.2f}{tag}"
-        )
-    held = [abs(e) for n, e in errors.items() if n != args.calibrate_on]
-    print(f"held-out max |error| {max(held) * 100:.1f}% (target 10%)")
-    (work / "prediction.json").write_text(
-        json.dumps({"errors": errors, "workload": args.workload}, indent=1)
-    )
+    rows = []
+    for wl in args.workloads:
+        d = work / wl
+        d.mkdir(parents=True, exist_ok=True)
+        rows += run_workload(wl, args, d)
+    summary = report(rows)
+    (work / "prediction.json").write_text(json.dumps(summary, indent=1))
+    print(f"wrote {work / 'prediction.json'}")
     return 0
 
 

@@ -53,3 +53,24 @@ def test_profiles_that_are_not_one_plan_under_both_pipelines_are_refused(tmp_pat
     (other / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(UserError, match="different plans"):
         fit_pipeline_overlap(base, critical_path, other, 0.0)
+
+
+def test_a_saving_within_the_noise_is_not_counted_on(tmp_path, critical_path):
+    input_dist = critical_path[critical_path["kind"] == "input_dist"].groupby("step")["total_s"]
+    x = float(input_dist.sum().median())
+
+    def noisy(name: str, pipeline: str, steps: list[float]) -> Path:
+        d = _profile(tmp_path, name, pipeline, 0.0)
+        m = json.loads((d / "manifest.json").read_text())
+        m["step_times_s"] = [list(steps) for _ in m["step_times_s"]]
+        (d / "manifest.json").write_text(json.dumps(m))
+        return d
+
+    # warm-up steps, then the six profiled ones (the fixture times none after the window)
+    window = [1.0, 1.6, 0.7, 1.4, 0.8, 1.2]  # median 1.1
+    base = noisy("b", BASE, [0.02 * j for j in [1, 1, 1, *window]])
+    sd = noisy("s", SPARSE_DIST, [(0.02 - 0.3 * x) * j for j in [1, 1, 1, *reversed(window)]])
+    fit = fit_pipeline_overlap(base, critical_path, sd, overhead_s=0.0)
+    # the medians say the pipeline saves 33 % of input_dist; the noise says it may save nothing
+    assert fit.share == pytest.approx(0.3 * 1.1)
+    assert fit.share_low < 0 and fit.overlap == 0.0

@@ -5,22 +5,24 @@ compute. How much of it that hides depends on the hardware (on CPU there are no 
 share is a coefficient to measure, not to assume: profile the same plan under the base pipeline
 and under sparse-dist, and the difference of their steps, against the base profile's input_dist,
 is the share hidden (net of the pipeline's own per-step overhead, which the cost model adds back).
+On a shared host two profiles' steps differ by noise as much as by the pipeline, so the share the
+optimizer may count on is the one at the low end of a bootstrap interval of the steps' ratio
+(`compare.compare_profiles`): a saving within the noise is not measured to pay.
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from sparselift.analysis.compare import after_window, check_same_job
-from sparselift.analysis.evidence import MIN_STEADY_STEPS
+from sparselift.analysis.compare import check_same_job, compare_profiles
 from sparselift.analysis.profile import read_manifest
 from sparselift.errors import UserError
 
 BASE, SPARSE_DIST = "TrainPipelineBase", "TrainPipelineSparseDist"
+CONFIDENCE = 0.9  # two-sided: the low end is exceeded with 95 % probability
 
 
 @dataclass(frozen=True)
@@ -28,37 +30,26 @@ class PipelineOverlap:
     """The measured overlap and what it was computed from (seconds).
 
     Attributes:
-        overlap: share of the base profile's input_dist the sparse-dist pipeline hides, in [0, 1].
-        share: the same share as measured, before limiting it to [0, 1] (below 0: the pipeline
-            made the step slower).
+        overlap: share of the base profile's input_dist the sparse-dist pipeline is measured to
+            hide at CONFIDENCE (`share_low` limited to [0, 1]): what the optimizer may count on.
+        share: the share the median steps say, before limiting (below 0: the pipeline made the
+            step slower).
+        share_low: the share at the low end of the CONFIDENCE interval of the step ratio.
         input_dist_s: the base profile's input_dist per step (slowest rank, median).
-        base_step_s, sparse_dist_step_s: median profiled step of each profile (slowest rank).
+        base_step_s, sparse_dist_step_s: median steady step of each profile (slowest rank;
+            the profiled window's where too few steps were timed after it).
         overhead_s: the pipeline's per-step overhead the fit assumed (the cost model's).
         sparse_dist_profile: the sparse-dist profile directory.
     """
 
     overlap: float
     share: float
+    share_low: float
     input_dist_s: float
     base_step_s: float
     sparse_dist_step_s: float
     overhead_s: float
     sparse_dist_profile: str
-
-
-def _profiled_step_s(profile: Path) -> float:
-    """Median slowest-rank step: of the steps timed after the window where there are enough
-    (they run as training does), else of the profiled window."""
-    m = read_manifest(profile)
-    after = after_window(m)
-    if len(after) >= MIN_STEADY_STEPS:
-        return statistics.median(after)
-    warmup, n = int(m.get("warmup", 0)), len(m.get("profiled_steps") or [])
-    per_rank = m.get("step_times_s") or []
-    if not per_rank or n == 0:
-        raise UserError(f"{profile / 'manifest.json'}: no profiled step times")
-    steps = [max(float(r[i]) for r in per_rank) for i in range(warmup, warmup + n)]
-    return statistics.median(steps)
 
 
 def fit_pipeline_overlap(
@@ -75,8 +66,9 @@ def fit_pipeline_overlap(
         sparse_dist_profile: a profile of the same job and plan under sparse-dist.
         overhead_s: the pipeline's per-step overhead the cost model charges.
     Returns:
-        The overlap (base step − sparse-dist step + overhead) ÷ input_dist, limited to [0, 1]:
-        a pipeline measured slower hides nothing, and it cannot hide more than all of it.
+        The overlap (base step − sparse-dist step + overhead) ÷ input_dist, the steps' saving
+        taken at the interval's low end and the share limited to [0, 1]: a pipeline not measured
+        faster hides nothing, and it cannot hide more than all of it.
     Raises:
         UserError: the profiles are of different jobs or plans, or not of the two pipelines.
     """
@@ -94,11 +86,14 @@ def fit_pipeline_overlap(
     if per_step.empty or float(per_step.median()) <= 0:
         raise UserError(f"{base}: no input_dist on the critical path to measure an overlap on")
     input_dist = float(per_step.median())
-    step_b, step_s = _profiled_step_s(base), _profiled_step_s(sd)
+    verdict = compare_profiles(base, sd, confidence=CONFIDENCE)
+    step_b, step_s = verdict.baseline.median_s, verdict.candidate.median_s
     share = (step_b - step_s + overhead_s) / input_dist
+    share_low = (step_b - step_b / verdict.low + overhead_s) / input_dist
     return PipelineOverlap(
-        overlap=min(1.0, max(0.0, share)),
+        overlap=min(1.0, max(0.0, share_low)),
         share=share,
+        share_low=share_low,
         input_dist_s=input_dist,
         base_step_s=step_b,
         sparse_dist_step_s=step_s,
