@@ -187,3 +187,55 @@ def test_a_calibration_reproduces_the_steady_step_timed_after_the_window(tmp_pat
     # the optimizer's model of the profiled plan: the steady step, not the profiled window's
     assert predicted(corrected) == pytest.approx(float(np.median(steady)), rel=0.1)
     assert predicted(plain) > 1.3 * float(np.median(steady))
+
+
+def _output_dist(name: str, seed: int, b_s: float, precision: str) -> ProfileEvidence:
+    """A profile of pooled distributions only: a + b·bytes per call, at `precision` forward."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(4):
+        for g in ("table_wise", "row_wise"):
+            x = rng.uniform(1e5, 3e6)  # a collective: every rank moves as much
+            y = DIST_A + b_s * x
+            for r in range(2):
+                rows.append((r, step, "output_dist_fwd", g, x, y, 0.0, 0, 2, 0, 0, 0))
+    calls = pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
+    step_s = calls.groupby(["step", "rank"])["y"].sum().groupby("step").max() + DENSE
+    manifest = {
+        "world_size": 2,
+        "device": "cpu",
+        "batch_size": 64,
+        "comm_precision": {"forward": precision, "backward": "fp32"},
+    }
+    return ProfileEvidence(
+        name, manifest, "cpu", 2, calls, step_s, pd.DataFrame(), float(step_s.min())
+    )
+
+
+def test_profiles_at_fp32_and_fp16_price_what_16_bits_cost():
+    from sparselift.analysis.joint import fit_profiles
+    from sparselift.optimizer.coefficients import coefficients
+    from sparselift.optimizer.cost_model import CostModel
+    from sparselift.optimizer.space import OptionClass, PlanWide
+    from sparselift.optimizer.synthetic import synthetic_stats
+    from sparselift.optimizer.topology import preset
+
+    net = 1.2e-9  # seconds per element: on this host 16 bits cost more than they save
+    b32 = 3e-9
+    cal = fit_profiles(
+        [_output_dist("fp32", 0, b32, "fp32"), _output_dist("fp16", 1, b32 + net / 4, "fp16")]
+    )
+    assert cal.ops["output_dist_fwd"].b_s == pytest.approx(b32, rel=0.02)
+    assert cal.ops["qcomm_quantize"].b_s == pytest.approx(net, rel=0.05)
+    assert cal.dense_step_s == pytest.approx(DENSE, rel=0.05)
+    # the optimizer prices a 16-bit forward distribution as it measured
+    topo = preset("cpu-gloo", 2, 2)
+    coeffs = coefficients(topo, cal)
+    assert coeffs.measured("quantize_b_s")
+    model = CostModel(topo, 64, coeffs)
+    t = synthetic_stats(1, seed=5)[0]
+    tw = OptionClass("table_wise", "fused")
+    out32 = model.terms(t, tw, PlanWide()).remote_intra.output_dist_fwd
+    out16 = model.terms(t, tw, PlanWide(forward="fp16")).remote_intra.output_dist_fwd
+    elems = model.counts(t, tw).remote_intra.out_fwd_intra / 4
+    assert out16 - out32 == pytest.approx(net * elems, rel=0.05)

@@ -2,9 +2,10 @@
 
 Profiles of different plans (and, for the pipeline, of the same plan under each pipeline) measure
 what one profile cannot tell apart: a call's fixed cost from its size, the lookup unit's weights,
-the share of input_dist the sparse-dist pipeline hides. The op kinds are fitted on every
-base-pipeline profile together (`fit.fit_evidence`); a sparse-dist profile is paired with the
-base profile of the same plan for the pipeline's overlap (`pipeline_overlap`). Each base profile
+the share of input_dist the sparse-dist pipeline hides, what 16-bit collectives cost. The op
+kinds are fitted on every base-pipeline profile together (`fit.fit_evidence`), their output
+distributions at 16 bits apart (`precision_fit`); a sparse-dist profile is paired with the base
+profile of the same plan for the pipeline's overlap (`pipeline_overlap`). Each base profile
 is then predicted by the fit on the others (leave-one-out): how far the calibration carries to a
 plan it did not see.
 """
@@ -12,17 +13,19 @@ plan it did not see.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Sequence
 
 from sparselift.analysis.compare import check_same_job
 from sparselift.analysis.evidence import ProfileEvidence
-from sparselift.analysis.fit import fit_evidence, sparse_at_target
+from sparselift.analysis.fit import dense_of, fit_evidence, sparse_at_target
 from sparselift.analysis.pipeline import Analysis
 from sparselift.analysis.pipeline_overlap import (
     SPARSE_DIST,
     PipelineOverlap,
     fit_pipeline_overlap,
 )
+from sparselift.analysis.precision_fit import QCOMM, at_precision, fit_qcomm, split_by_precision
 from sparselift.calibration import UNITS, Calibration, HeldOut, OpFit
 from sparselift.errors import UserError
 from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S, CPU_WORK_B_S
@@ -64,14 +67,29 @@ def prior_fit(kind: str, device: str) -> OpFit | None:
     return OpFit(x=UNITS[kind], a_s=CPU_CALL_S[kind], b_s=b, r2=0.0, n=0)
 
 
+def fit_profiles(evidence: list[ProfileEvidence]) -> Calibration:
+    """`fit.fit_evidence` with 16-bit output distributions fitted apart (`precision_fit`): the
+    op kinds on the fp32 calls, their net 16-bit cost as `qcomm_quantize`, and the dense step
+    from every profile priced at its own precision."""
+    kept, apart = split_by_precision(evidence)
+    cal = fit_evidence(kept)
+    q = fit_qcomm(apart, cal.ops)
+    if q is not None:
+        cal.ops[QCOMM] = q
+        cal.dense_step_s = statistics.median(
+            dense_of(ev, at_precision(cal.ops, ev.manifest)) for ev in evidence
+        )
+    return cal
+
+
 def held_out(evidence: list[ProfileEvidence], i: int) -> HeldOut:
     """Profile i's step (its `target_s`) predicted by the calibration fitted on the others.
 
     Op kinds the others do not have are priced by `prior_fit` (or not at all off CPU).
     """
     ev = evidence[i]
-    cal = fit_evidence(evidence[:i] + evidence[i + 1 :])
-    ops = dict(cal.ops)
+    cal = fit_profiles(evidence[:i] + evidence[i + 1 :])
+    ops = dict(at_precision(cal.ops, ev.manifest))
     for kind in ev.calls["kind"].unique():
         prior = prior_fit(kind, ev.device)
         if kind not in ops and prior is not None:
@@ -103,7 +121,7 @@ def fit_jointly(analyses: Sequence[Analysis], pipeline_overhead_s: float | None 
     if not base:
         raise UserError(f"{paths[0]}: no profile under the base pipeline to fit the op costs on")
     evidence = [a.evidence for a in base]
-    cal = fit_evidence(evidence)
+    cal = fit_profiles(evidence)
     if len(evidence) > 1:
         cal.held_out = [held_out(evidence, i) for i in range(len(evidence))]
     overlap = _pipeline(base, sd, pipeline_overhead_s) if sd else None

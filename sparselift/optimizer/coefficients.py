@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from sparselift.calibration import UNITS, Calibration, lookup_unit, read_checked
-from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S, CPU_WORK_B_S, KERNEL_UNIT, LookupUnit
+from sparselift.kernels import (
+    CPU_CALL_S,
+    CPU_DIST_B_S,
+    CPU_WORK_B_S,
+    FLOAT_BYTES,
+    KERNEL_UNIT,
+    LookupUnit,
+)
 from sparselift.optimizer.topology import Topology
 
 LOOKUP_UNIT = UNITS["lookup_fwd"]  # what analysis writes as the lookups' `x`
@@ -221,8 +228,10 @@ def coefficients(
         if fit is not None and (not kind.startswith("lookup") or fit.x == LOOKUP_UNIT):
             fixed = fit.a_s + fit.sync_s  # sync_s: distributions only
             kw[kind] = Linear(max(0.0, fixed), max(0.0, fit.b_s))
-    if "qcomm_quantize" in cal.ops:  # analysis may fit the fp16 conversion; else the preset's
-        kw["quantize_b_s"] = max(0.0, cal.ops["qcomm_quantize"].b_s)
+    if "qcomm_quantize" in cal.ops and "output_dist_fwd" in kw:
+        kw["quantize_b_s"] = quantize_from_net(
+            cal.ops["qcomm_quantize"].b_s, kw["output_dist_fwd"].b_s, base.wire_b_s
+        )
     dp = cal.ops.get("dp_allreduce")
     if dp is not None and dp.overlap is not None:
         kw["dp_overlap"] = min(1.0, max(0.0, dp.overlap))
@@ -240,6 +249,23 @@ def coefficients(
     profile = cal.provenance.profile
     origin = profile if profile is not None else "calibration"
     return base.replace(source=origin, **kw).with_evidence(MEASURED, origin, tuple(kw))
+
+
+def quantize_from_net(net_s: float, out_b_s: float, wire_b_s: float) -> float:
+    """The cost model's quantize seconds per element that reproduces a measured 16-bit cost.
+
+    The cost model prices B fp32 bytes of pooled embeddings at 16 bits as
+    b·B − ½·min(b, wire)·B + 2·quantize·B/4 (half the bytes leave the wire; quantize at the
+    sender, dequantize at the receiver); a profile measured b·B + net·B/4
+    (`analysis.precision_fit`). The two agree when quantize = net/2 + ½·min(b, wire)·4/2. Never
+    negative: a saving beyond the wire time the model knows of is not counted on.
+
+    Args:
+        net_s: the measured net seconds per element at 16 bits over fp32.
+        out_b_s: the measured fp32 output distribution's seconds per byte.
+        wire_b_s: the topology's seconds per byte on the wire.
+    """
+    return max(0.0, net_s / 2.0 + 0.5 * min(out_b_s, wire_b_s) * FLOAT_BYTES / 2.0)
 
 
 def dense_step_estimate(spec: Any, topo: Topology, batch_size: int) -> float:

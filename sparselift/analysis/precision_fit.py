@@ -1,0 +1,106 @@
+"""What 16-bit collectives cost on the profiled hardware, from profiles of a job at fp32 and at 16
+bits.
+
+TorchRec's qcomm codecs quantize the pooled embeddings before the output distribution and
+dequantize them after: fewer bytes on the wire, more work on the host. Which wins depends on the
+hardware, so it is measured: a profile whose output distribution ran at 16 bits is fitted apart
+(per fp32 byte the plan moves, the same unit as the fp32 fit), and the difference of the two
+per-byte costs is the net cost of one element at 16 bits (`qcomm_quantize`, x = "element": the
+quantize and dequantize work less the wire time saved; negative where 16 bits pay). The
+optimizer's cost model turns it back into its quantize cost (`optimizer.coefficients`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pandas as pd
+
+from sparselift.analysis.evidence import ProfileEvidence
+from sparselift.analysis.fit import fit_ops
+from sparselift.calibration import OpFit
+from sparselift.kernels import FLOAT_BYTES
+
+OUTPUT_KINDS = {"forward": "output_dist_fwd", "backward": "output_dist_bwd"}
+QCOMM = "qcomm_quantize"
+
+
+def precision_of(manifest: dict[str, Any]) -> dict[str, str]:
+    """The profiled run's collective precision per direction (fp32 where not recorded)."""
+    cp = manifest.get("comm_precision") or {}
+    return {d: str(cp.get(d) or "fp32") for d in OUTPUT_KINDS}
+
+
+def sixteen_bit_kinds(manifest: dict[str, Any]) -> set[str]:
+    """The output-distribution kinds the profiled run ran below fp32."""
+    return {OUTPUT_KINDS[d] for d, p in precision_of(manifest).items() if p != "fp32"}
+
+
+def split_by_precision(
+    evidence: list[ProfileEvidence],
+) -> tuple[list[ProfileEvidence], pd.DataFrame]:
+    """The evidence the fp32 fit takes, and the 16-bit output-distribution calls set apart.
+
+    A 16-bit kind is set apart only where some profile ran that kind at fp32 (else there is no
+    fp32 line to compare with, and its calls are all the evidence the kind has).
+
+    Returns:
+        (the evidence without those calls, the calls set apart with a `profile` column)
+    """
+    at32 = {
+        k
+        for ev in evidence
+        for k in OUTPUT_KINDS.values()
+        if k not in sixteen_bit_kinds(ev.manifest) and (ev.calls["kind"] == k).any()
+    }
+    kept, apart = [], []
+    for i, ev in enumerate(evidence):
+        low = sixteen_bit_kinds(ev.manifest) & at32
+        mask = ev.calls["kind"].isin(low)
+        if mask.any():
+            apart.append(ev.calls[mask].assign(profile=i))
+            ev = dataclasses.replace(ev, calls=ev.calls[~mask])
+        kept.append(ev)
+    return kept, (pd.concat(apart, ignore_index=True) if apart else pd.DataFrame())
+
+
+def fit_qcomm(apart: pd.DataFrame, ops: dict[str, OpFit]) -> OpFit | None:
+    """The net seconds per element of a 16-bit output distribution over its fp32 cost.
+
+    Each kind's 16-bit calls are fitted with the fp32 fit's fixed cost per call (the codecs add
+    work per element, not per call); the per-byte difference, times 4 bytes an element, is
+    averaged over the kinds weighted by their calls.
+
+    Args:
+        apart: the 16-bit calls (`split_by_precision`).
+        ops: the fp32 fits.
+    Returns:
+        The `qcomm_quantize` fit, or None without 16-bit calls of a kind fitted at fp32.
+    """
+    if apart.empty:
+        return None
+    net, n = 0.0, 0
+    for kind, calls in apart.groupby("kind"):
+        fp32 = ops.get(str(kind))
+        if fp32 is None:
+            continue
+        low = fit_ops(calls, {str(kind): fp32.a_s})[str(kind)]
+        net += (low.b_s - fp32.b_s) * FLOAT_BYTES * low.n
+        n += low.n
+    if n == 0:
+        return None
+    return OpFit(x="element", a_s=0.0, b_s=net / n, r2=0.0, n=n)
+
+
+def at_precision(ops: dict[str, OpFit], manifest: dict[str, Any]) -> dict[str, OpFit]:
+    """`ops` as they price a run at `manifest`'s precision: each 16-bit output kind's per-byte
+    cost raised by the net 16-bit cost of an element (`ops` itself without a qcomm fit)."""
+    q = ops.get(QCOMM)
+    low = sixteen_bit_kinds(manifest)
+    if q is None or not low:
+        return ops
+    out = dict(ops)
+    for kind in low & set(ops):
+        out[kind] = dataclasses.replace(ops[kind], b_s=ops[kind].b_s + q.b_s / FLOAT_BYTES)
+    return out
