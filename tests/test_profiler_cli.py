@@ -11,7 +11,7 @@ import pytest
 
 from sparselift.cli import main
 
-STEPS, WARMUP = 3, 2
+STEPS, WARMUP, STEADY = 3, 2, 4
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +30,8 @@ def profile_dir(tmp_path_factory):
             str(WARMUP),
             "--after",
             "3",
+            "--steady-steps",
+            str(STEADY),
             "--execution-trace",
             "--out",
             str(out),
@@ -113,7 +115,11 @@ def test_manifest(profile_dir):
         assert sum(sh["sizes"][0] * sh["sizes"][1] for sh in s["shards"]) == next(
             t["num_embeddings"] * t["embedding_dim"] for t in m["tables"] if t["name"] == s["table"]
         )
-    assert [len(t) for t in m["step_times_s"]] == [WARMUP + STEPS + 3] * 2
+    # the run trains max(--after, --steady-steps) steps after the window
+    assert [len(t) for t in m["step_times_s"]] == [WARMUP + STEPS + STEADY] * 2
+    slowest = [max(t[i] for t in m["step_times_s"]) for i in range(WARMUP + STEPS + STEADY)]
+    assert m["steady_step_s"] == slowest[WARMUP + STEPS :]
+    assert all(0 < t < 10 for t in m["steady_step_s"])
     assert len(m["peak_memory_bytes"]) == 2 and all(b > 0 for b in m["peak_memory_bytes"])
     assert (
         m["files"]["traces"] == ["rank0.trace.json.gz", "rank1.trace.json.gz"] and m["errors"] == []
@@ -180,6 +186,8 @@ def test_force_replaces_a_profile(tmp_path):
             "1",
             "--after",
             "0",
+            "--steady-steps",
+            "0",
             "--force",
             "--out",
             str(out),
@@ -192,3 +200,14 @@ def test_force_replaces_a_profile(tmp_path):
         "rank0.trace.json.gz",
         "rank1.trace.json.gz",
     ]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["steady_step_s"] == [] and [len(t) for t in m["step_times_s"]] == [2, 2]
+
+
+def test_negative_steady_steps_refused(tmp_path, capsys):
+    rc = main(
+        ["profile", "--workload", "tiny", "--steady-steps", "-1", "--out", str(tmp_path / "p")]
+    )
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "--steady-steps" in err
+    assert not (tmp_path / "p").exists()

@@ -42,7 +42,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=5,
         metavar="N",
-        help="steps to keep training after the window, to time the steady state (default 5)",
+        help="steps to keep training after the window, to time the steady state (default 5; "
+        "the run trains at least --steady-steps after it)",
+    )
+    p.add_argument(
+        "--steady-steps",
+        type=int,
+        default=10,
+        metavar="N",
+        help="steps after the window timed with nothing attached, into the manifest's "
+        "steady_step_s: the step the calibration closes on (default 10; 0: none)",
     )
     p.add_argument(
         "--execution-trace",
@@ -69,6 +78,8 @@ def run_profile(args: argparse.Namespace) -> int:
 
     if not 0 <= args.after <= MAX_STEPS:
         raise UserError(f"--after must be in 0..{MAX_STEPS:,}, got {args.after:,}")
+    if not 0 <= args.steady_steps <= MAX_STEPS:
+        raise UserError(f"--steady-steps must be in 0..{MAX_STEPS:,}, got {args.steady_steps:,}")
     if args.steps < 1:
         raise UserError(f"--steps must be at least 1, got {args.steps}")
     cfg = config_from_args(
@@ -82,9 +93,10 @@ def run_profile(args: argparse.Namespace) -> int:
             steps=args.steps,
             execution_trace=args.execution_trace,
             command=command_line(args),
+            steady_steps=args.steady_steps,
         ),
     )
-    cfg.steps = args.steps + args.after
+    cfg.steps = args.steps + max(args.after, args.steady_steps)
     cfg.validate()  # bad input is refused before the directory is created or emptied
     out = prepare_out_dir(args.out, args.force)
     if args.force:
@@ -128,7 +140,8 @@ def command_line(args: argparse.Namespace) -> list[str]:
 
 def write_from_parent(out: Path, result: Any, extra0: dict[str, Any]) -> None:
     """Write the profile from rank 0's facts and rows, with the harness's own step times and peak
-    memory for every rank (`result`, a TrainResult).
+    memory for every rank (`result`, a TrainResult); the steady steps rank 0 gathered are
+    re-read from those step times (the same steps, the same timing), so the two agree.
 
     Raises:
         OSError: a file cannot be written (UnwritablePathError included).
@@ -138,6 +151,11 @@ def write_from_parent(out: Path, result: Any, extra0: dict[str, Any]) -> None:
 
     facts = ProfileFacts(**extra0["facts"])
     facts.step_times_s = [r.step_times_s for r in result.ranks]
+    first, n = facts.warmup + len(facts.profiled_steps), len(facts.steady_step_s)
+    if all(len(t) >= first + n for t in facts.step_times_s):
+        facts.steady_step_s = [
+            max(t[i] for t in facts.step_times_s) for i in range(first, first + n)
+        ]
     facts.peak_memory_bytes = [r.peak_memory_bytes for r in result.ranks]
     facts.errors = [f"rank {r.rank}: {e}" for r in result.ranks for e in r.extra.get("errors", [])]
     write_profile(out, extra0["rows"], facts)
@@ -164,11 +182,14 @@ def window_step_times(step_times: list[list[float]], warmup: int, steps: int) ->
 
 
 def summary(out: Path, result: Any, warmup: int, steps: int) -> str:
-    """Two lines for people: what was profiled where, and the step time inside and after."""
+    """Two lines for people: what was profiled where, and the step time inside and after (and
+    how much slower profiling made the window's steps)."""
     times = window_step_times([r.step_times_s for r in result.ranks], warmup, steps)
+    ratio = times.inside_s / times.after_s if times.after_s > 0 else float("nan")
     return (
         f"profiled steps {warmup}..{warmup + steps - 1} of {result.workload} on "
         f"{result.world_size} ranks ({result.device}/{result.backend}) into {out}\n"
         f"  step time: profiled {times.inside_s * 1e3:.1f} ms, "
         f"after the window {times.after_s * 1e3:.1f} ms"
+        + (f" (profiled/after {ratio:.2f}x)" if ratio == ratio else "")
     )

@@ -20,11 +20,13 @@ def make_hook(
     steps: int,
     execution_trace: bool = False,
     command: list[str] | None = None,
+    steady_steps: int = 10,
 ) -> ProfileSession:
     """The ProfileSession of one rank of a harness run (`ctx`: the harness's RankContext).
 
     It writes only its trace; the parent writes the directory's other files from rank 0's
-    `finish()`.
+    `finish()`. The run should train `steady_steps` steps after the window (`sparselift profile`
+    does); a run that ends earlier records the steady steps it had.
     """
     return ProfileSession(
         out_dir,
@@ -38,4 +40,5 @@ def make_hook(
         spec_tables={t.name: t for t in ctx.spec.tables},
         workload=ctx.spec.name,
         device=ctx.device,
+        steady_steps=steady_steps,
     )

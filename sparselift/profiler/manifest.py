@@ -8,7 +8,9 @@ Format "sparselift-profile", version 1. Keys (all always present; unknown values
   pooling_factor, zipf_alpha, pooling_type, module, zipf_alpha_fitted}],
   sharding[{table, module, sharding_type, compute_kernel, ranks, shards[{rank, offsets, sizes}],
   cache_load_factor}], pipeline, step_times_s[rank][step], peak_memory_bytes[rank],
-  files{traces[], execution_traces[], access_stats}, errors[].
+  files{traces[], execution_traces[], access_stats}, errors[], steady_step_s[].
+steady_step_s (one float per step timed after the window with nothing attached, each the slowest
+rank's) came later: a manifest without it reads as `[]`, no steady steps timed.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class ProfileFacts:
     workload: str | None = None
     errors: list[str] = field(default_factory=list)
     gpu: str | None = None  # what `optimize` picks a topology preset by
+    steady_step_s: list[float] = field(default_factory=list)  # after the window, slowest rank
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

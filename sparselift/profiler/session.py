@@ -12,11 +12,15 @@ Steps before the window run untouched. At the first profiled step the session st
 torch.profiler and wraps the sharded modules' `input_dist`; after the last it stops, unwraps, writes
 this rank's trace, and gathers every rank's access statistics on rank 0, which writes
 `access_stats.parquet` and `manifest.json` (unless `write_files=False`: then `finish()` hands them
-to the caller). `execution_trace=True` also records torch's ExecutionTraceObserver
-(`rank<R>.et.json`, op dependencies joinable to the Kineto trace); it is off by default because it
-costs disk space and slows the steps after the window (benchmarks/bench_profiler_overhead.py).
-After the window, `step_begin` / `step_end` return at once. Nothing the profiler does may stop
-training: every failure is caught, warned about once, and listed in `errors`.
+to the caller). Then it times `steady_steps` more steps with nothing attached (`steady.py`: the
+window runs slower than training does) and rank 0 rewrites the manifest with their
+`steady_step_s`; training that ends first keeps what was timed (`finish()` or leaving the `with`
+block gathers it; without either, the manifest keeps `steady_step_s: []`).
+`execution_trace=True` also records torch's ExecutionTraceObserver (`rank<R>.et.json`, op
+dependencies joinable to the Kineto trace); it is off by default because it costs disk space and
+slows the steps after the window (benchmarks/bench_profiler_overhead.py).
+After the steady steps, `step_begin` / `step_end` return at once. Nothing the profiler does may
+stop training: every failure is caught, warned about once, and listed in `errors`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from sparselift.profiler.access import AccessRecorder, find_sharded_modules, tab
 from sparselift.profiler.access_stats import TableStep, access_rows, rank_table_steps
 from sparselift.profiler.gather import gather_to_rank0
 from sparselift.profiler.manifest import ProfileFacts, build_manifest, sharding_of, table_entries
+from sparselift.profiler.steady import SteadyTimer
 from sparselift.profiler.trace import TraceRecorder, et_name, trace_name
 
 
@@ -91,8 +96,10 @@ class ProfileSession:
         command: the command line to record (default: sys.argv).
         workload: the workload's name to record.
         device: this rank's device (default: the model's).
+        steady_steps: steps timed after the window with nothing attached (0: none).
     Raises:
-        UserError: a bad window, or NoShardedEmbeddingError: the model is not DMP-sharded.
+        UserError: a bad window or steady_steps < 0, or NoShardedEmbeddingError: the model is
+            not DMP-sharded.
     """
 
     def __init__(
@@ -109,11 +116,12 @@ class ProfileSession:
         command: list[str] | None = None,
         workload: str | None = None,
         device: torch.device | None = None,
+        steady_steps: int = 10,
     ) -> None:
-        if warmup < 0 or steps < 1:
+        if warmup < 0 or steps < 1 or steady_steps < 0:
             raise UserError(
-                f"profile window needs warmup >= 0 and steps >= 1, "
-                f"got warmup={warmup} steps={steps}"
+                f"profile window needs warmup >= 0, steps >= 1 and steady_steps >= 0, "
+                f"got warmup={warmup} steps={steps} steady_steps={steady_steps}"
             )
         import torch.distributed as dist
 
@@ -142,6 +150,9 @@ class ProfileSession:
         self._trace: TraceRecorder | None = None
         self._t0: float | None = None
         self._next = 0
+        self._facts: ProfileFacts | None = None  # rank 0, after the window
+        self._steady = SteadyTimer(steady_steps, self.device)
+        self._steady_open = False  # timing steady steps: the window closed at its last step
         self._guard(
             lambda: self.out_dir.mkdir(parents=True, exist_ok=True), f"creating {self.out_dir}"
         )
@@ -151,6 +162,8 @@ class ProfileSession:
     def step_begin(self, step: int) -> None:
         """Before step `step`: opens the window at its first step (profiler on, capture on)."""
         if self.done:
+            if self._steady_open:
+                self._steady.begin()
             return
         if step == self.first:
             self._guard(self._open, "starting the profiler")
@@ -161,8 +174,13 @@ class ProfileSession:
         self._t0 = time.perf_counter()  # the step's own time, not starting the profiler
 
     def step_end(self, step: int) -> None:
-        """After step `step`: times it; after the window's last step, closes the window."""
+        """After step `step`: times it; after the window's last step, closes the window; after the
+        last steady step, gathers the steady steps."""
         if self.done:
+            if self._steady_open:
+                self._steady.end()
+                if self._steady.complete:
+                    self._end_steady()
             return
         in_window = self.first <= step <= self.last
         if in_window and self.device.type == "cuda":
@@ -177,16 +195,20 @@ class ProfileSession:
                 self._guard(self._trace.step_end, "marking a step")
         if step >= self.last:
             self._close()
+            self._steady_open = self._steady.n > 0
 
     def finish(self) -> dict[str, Any]:
-        """Close the window if training ended inside it; a JSON-able summary of this rank.
+        """Close the window if training ended inside it, or gather the steady steps timed so far;
+        a JSON-able summary of this rank. Every rank must call it (it may meet the others).
 
         Returns:
             rank, profiled_steps, files, errors; on rank 0 also `rows` (access statistics) and
-            `facts` (the manifest's ProfileFacts as a dict).
+            `facts` (the manifest's ProfileFacts as a dict, `steady_step_s` included).
         """
         if not self.done:
             self._close()
+        elif self._steady_open:
+            self._end_steady()
         out: dict[str, Any] = dict(
             rank=self.rank, profiled_steps=self.profiled_steps, files=self.files, errors=self.errors
         )
@@ -208,11 +230,15 @@ class ProfileSession:
         self.step_begin(self._next)
 
     def __exit__(self, *exc: Any) -> None:
-        """Close the window if it is still open (training ended inside it)."""
+        """Close the window if it is still open (training ended inside it), or gather the steady
+        steps timed so far."""
         self._t0 = None  # the step begun by the last step() never ran
+        self._steady.drop_open_step()
         if not self.done:
             self._recorder.step = None
             self._close()
+        elif self._steady_open:
+            self._end_steady()
 
     # ------------------------------------------------------------------ inside
 
@@ -271,6 +297,21 @@ class ProfileSession:
         # Leave the window together: otherwise the other ranks' next step waits out rank 0's merge.
         self._guard(_barrier, "leaving the window")
 
+    def _end_steady(self) -> None:
+        """Meet the other ranks once with the steady steps; rank 0 rewrites the manifest."""
+        self._steady_open = False
+        steady = self._guard(self._steady.gather, "gathering steady steps on rank 0")
+        if self.rank != 0 or steady is None or self._facts is None or self.result is None:
+            return
+        facts = self._facts
+        facts.steady_step_s = steady
+        self.result["facts"]["steady_step_s"] = list(steady)
+        if self.write_files:
+            self._guard(
+                lambda: write_manifest(self.out_dir, facts),
+                f"writing the manifest to {self.out_dir}",
+            )
+
     def _rank0(self, reports: list[RankReport]) -> None:
         steps = [s for r in reports for s in r.table_steps]
         rows, alphas = access_rows(self.tables, steps)
@@ -295,6 +336,7 @@ class ProfileSession:
             errors=[f"rank {r.rank}: {e}" for r in reports for e in r.errors],
             gpu=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
         )
+        self._facts = facts
         self.result = dict(rows=rows, facts=asdict(facts))
         if self.write_files:
             self._guard(
@@ -305,10 +347,17 @@ class ProfileSession:
 
 def write_profile(out_dir: Path, rows: list[dict[str, Any]], facts: ProfileFacts) -> None:
     """access_stats.parquet, then manifest.json (the manifest last: its presence means complete)."""
-    from sparselift.atomic import write_json
-    from sparselift.profiler.outdir import ACCESS_STATS, MANIFEST, write_access_stats
+    from sparselift.profiler.outdir import ACCESS_STATS, write_access_stats
 
     write_access_stats(Path(out_dir, ACCESS_STATS), rows)
+    write_manifest(out_dir, facts)
+
+
+def write_manifest(out_dir: Path, facts: ProfileFacts) -> None:
+    """manifest.json of `facts`, atomically (written again once the steady steps are timed)."""
+    from sparselift.atomic import write_json
+    from sparselift.profiler.outdir import MANIFEST
+
     write_json(Path(out_dir, MANIFEST), build_manifest(facts))
 
 
