@@ -211,3 +211,25 @@ def test_negative_steady_steps_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "--steady-steps" in err
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.slow
+def test_the_manifest_records_the_collectives_precision_in_force(tmp_path, profile_dir):
+    assert json.loads((profile_dir / "manifest.json").read_text())["comm_precision"] == {
+        "forward": "fp32",
+        "backward": "fp32",
+    }
+    plan = tmp_path / "rr.json"
+    rr = ["plan", "round-robin", "--workload", "tiny", "--world-size", "2", "--out", str(plan)]
+    assert main(rr) == 0
+    doc = json.loads(plan.read_text())
+    doc["comm_precision"] = {"forward": "fp16", "backward": "fp16"}
+    plan.write_text(json.dumps(doc))
+    out = tmp_path / "p"
+    argv = ["profile", "--workload", "tiny", "--nproc", "2", "--steps", "1", "--warmup", "1"]
+    assert (
+        main([*argv, "--after", "0", "--steady-steps", "0", "--plan", str(plan), "--out", str(out)])
+        == 0
+    )
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["comm_precision"] == {"forward": "fp16", "backward": "fp16"}

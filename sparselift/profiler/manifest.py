@@ -79,6 +79,32 @@ def sharding_of(model: Any) -> list[dict[str, Any]]:
     return out
 
 
+DTYPE_PRECISION = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
+POOLED_OPS = ("POOLED_EMBEDDINGS_ALL_TO_ALL", "POOLED_EMBEDDINGS_REDUCE_SCATTER")
+
+
+def comm_precision_of(modules: list[Any]) -> dict[str, str]:
+    """The pooled-embedding collectives' precision per direction, from the sharded modules' qcomm
+    codecs (fp32 where a module has none); the first module with codecs decides.
+
+    Args:
+        modules: the sharded embedding modules (`access.find_sharded_modules`' modules).
+    Returns:
+        {"forward": …, "backward": …}, each "fp32", "fp16", "bf16" or the codec's dtype name.
+    """
+    for m in modules:
+        registry = getattr(m, "qcomm_codecs_registry", None) or {}
+        codecs = next((registry[k] for k in POOLED_OPS if k in registry), None)
+        if codecs is None:
+            continue
+        out = {}
+        for side in ("forward", "backward"):
+            dtype = str(getattr(getattr(codecs, side, None), "quantized_dtype", "torch.float32"))
+            out[side] = DTYPE_PRECISION.get(dtype, dtype.removeprefix("torch."))
+        return out
+    return {"forward": "fp32", "backward": "fp32"}
+
+
 @dataclass
 class ProfileFacts:
     """Everything the manifest says; filled on rank 0 (hook API) or in the parent (CLI)."""
@@ -102,6 +128,7 @@ class ProfileFacts:
     errors: list[str] = field(default_factory=list)
     gpu: str | None = None  # what `optimize` picks a topology preset by
     steady_step_s: list[float] = field(default_factory=list)  # after the window, slowest rank
+    comm_precision: dict[str, str] | None = None  # pooled collectives' {forward, backward}
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

@@ -40,7 +40,13 @@ from sparselift.errors import UserError
 from sparselift.profiler.access import AccessRecorder, find_sharded_modules, table_metas
 from sparselift.profiler.access_stats import TableStep, access_rows, rank_table_steps
 from sparselift.profiler.gather import gather_to_rank0
-from sparselift.profiler.manifest import ProfileFacts, build_manifest, sharding_of, table_entries
+from sparselift.profiler.manifest import (
+    ProfileFacts,
+    build_manifest,
+    comm_precision_of,
+    sharding_of,
+    table_entries,
+)
 from sparselift.profiler.steady import SteadyTimer
 from sparselift.profiler.trace import TraceRecorder, et_name, trace_name
 
@@ -128,6 +134,7 @@ class ProfileSession:
         self.modules = find_sharded_modules(model)
         self.tables = table_metas(self.modules)
         self.sharding = sharding_of(model)
+        self.comm_precision = comm_precision_of([m for _, m in self.modules])
         self.out_dir = Path(out_dir)
         self.first, self.last = warmup, warmup + steps - 1
         self.execution_trace = execution_trace
@@ -335,6 +342,7 @@ class ProfileSession:
             workload=self.workload,
             errors=[f"rank {r.rank}: {e}" for r in reports for e in r.errors],
             gpu=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+            comm_precision=self.comm_precision,
         )
         self._facts = facts
         self.result = dict(rows=rows, facts=asdict(facts))
