@@ -1,7 +1,8 @@
 """Close the loop on the harness: plan, measure, re-plan, and ship only what measured faster.
 
 `tune` profiles the baseline plan (TorchRec's, unless one is given) under each train pipeline
-(the pair calibrates what the sparse-dist pipeline hides), plans from that calibration, profiles
+(the pair calibrates what the sparse-dist pipeline hides) and at 16-bit comm precision (what
+16-bit collectives cost), plans from that calibration, profiles
 the candidate the same way, recalibrates on every profile so far together (`analysis.joint`: more
 plans tell more coefficients apart), re-plans, and so on until the plan is a fixed point or the
 iteration budget is spent. Then it measures candidate and baseline in one
@@ -104,6 +105,16 @@ def same_sharding(a: str | Path, b: str | Path) -> bool:
     return all(pa.get(k) == pb.get(k) for k in ("tables", "pipeline", "comm_precision"))
 
 
+def sixteen_bit_copy(plan: str, work: Path) -> str:
+    """`plan` with its pooled collectives at fp16 both ways (what gloo and NCCL both run), written
+    beside the loop's plans; its path."""
+    doc = json.loads(Path(plan).read_text())
+    doc["comm_precision"] = {"forward": "fp16", "backward": "fp16"}
+    out = work / f"{Path(plan).stem}-16bit.json"
+    write_json(out, doc)
+    return str(out)
+
+
 def ratio_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, float]:
     """(median, low, high) of per-round ratios; the interval bootstraps the rounds (seeded).
 
@@ -181,14 +192,18 @@ def tune(
         train += ["--batch-size", str(cfg.batch_size)]
     profiled: list[str] = []  # every profile so far, each base one before its sparse-dist twin
     for i in range(max_iterations + 1):
-        # the plan under each pipeline: the pair measures what the sparse-dist pipeline hides
+        # the plan under each pipeline: the pair measures what the sparse-dist pipeline hides;
+        # the baseline also at 16 bits: the pair measures what 16-bit collectives cost
         prof, prof_sd = str(work / f"profile{i}"), str(work / f"profile{i}-sparse-dist")
-        for pipeline, d in (("base", prof), ("sparse-dist", prof_sd)):
+        runs = [(plan, "base", prof), (plan, "sparse-dist", prof_sd)]
+        if i == 0:
+            runs.append((sixteen_bit_copy(plan, work), "base", str(work / "profile0-16bit")))
+        for run_plan, pipeline, d in runs:
             argv = [
                 "profile",
                 *train,
                 "--plan",
-                plan,
+                run_plan,
                 "--pipeline",
                 pipeline,
                 "--steps",
@@ -199,8 +214,8 @@ def tune(
                 d,
                 "--force",
             ]
-            _step(f"profile {plan}", argv, run_command, echo)
-        profiled[:0] = [prof, prof_sd]  # this plan's pair first: the sparse-dist fit pairs it
+            _step(f"profile {run_plan}", argv, run_command, echo)
+        profiled[:0] = [d for _, _, d in runs]  # this plan's first: the sparse-dist fit pairs it
         _step(f"analyze {prof}", ["analyze", *profiled], run_command, echo)
         nxt = str(work / f"plan{i + 1}.json")
         _step(

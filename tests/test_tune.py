@@ -50,9 +50,14 @@ def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
     assert out.read_bytes() == open(baseline, "rb").read()
     rec = json.loads((tmp_path / "work" / "tune.json").read_text())
     assert rec["shipped"] == "baseline" and rec["iterations"][0]["measured_step_s"] > 0
-    # the candidate's profile was calibrated together with the baseline's: both are checked
+    # the candidate's profile was calibrated together with the baseline's (at fp32 and at
+    # 16 bits): each is checked by the fit on the others, and 16 bits are priced as measured
     held = rec["iterations"][1]["held_out"]
-    assert len(held) == 2 and all(h["measured_step_s"] > 0 for h in held)
+    names = [h["profile"].rsplit("/", 1)[-1] for h in held]
+    assert names == ["profile1", "profile0", "profile0-16bit"]
+    assert all(h["measured_step_s"] > 0 for h in held)
+    cal = json.loads((tmp_path / "work" / "profile1" / "calibration.json").read_text())
+    assert cal["ops"]["qcomm_quantize"]["n"] > 0
     report = tmp_path / "tune.html"
     write_tune_report(report, res, tmp_path / "work")
     page = report.read_text()
