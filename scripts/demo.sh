@@ -13,12 +13,12 @@ mkdir -p "$out"
 
 echo "== 1/3 tune: $workload (rows capped at $max_rows) on 2 ranks"
 $sl tune --workload "$workload" --max-rows "$max_rows" --nproc 2 --steps 30 --rounds "$rounds" \
-  --work "$out/tune" --out "$out/plan.json" | grep '^tune: \(iteration\|A/B\|SparseLift\|Sparse\)'
+  --work "$out/tune" --html "$out/tune.html" --out "$out/plan.json" | grep '^tune: \(iteration\|A/B\|SparseLift\|Sparse\)'
 # the names the notebooks read by default
 cp "$out/plan.json" "$out/sparselift.plan.json"
 cp "$out/tune/torchrec.plan.json" "$out/torchrec.plan.json"
 [ -f "$out/tune/bench.json" ] && cp "$out/tune/bench.json" "$out/bench.json"
-rm -rf "$out/profile" && cp -r "$(ls -d "$out"/tune/profile* | sort -V | tail -n 1)" "$out/profile"
+rm -rf "$out/profile" && cp -r "$(ls -d "$out"/tune/profile* | grep -E "/profile[0-9]+$" | sort -V | tail -n 1)" "$out/profile"
 echo "== 2/3 analyze the last profile: sparse-path graph, summary, calibration, HTML report"
 $sl analyze "$out/profile" --html "$out/report.html" | sed -n '3,6p'
 echo "== 3/3 compare SparseLift's plan with TorchRec's"
@@ -37,4 +37,4 @@ else:
     print(f"demo: SparseLift's plan was not measured faster ({r['ratio']:.2f}x, 95 % interval "
           f"{r['low']:.2f}-{r['high']:.2f}): kept TorchRec's plan")
 PY
-echo "demo: reports in $out/report.html and $out/plans.html; notebooks in notebooks/ read $out"
+echo "demo: reports in $out/tune.html, $out/report.html and $out/plans.html; notebooks in notebooks/ read $out"
