@@ -46,6 +46,7 @@ def test_every_file_is_there(profile_dir):
     names = sorted(p.name for p in profile_dir.iterdir())
     assert names == [
         "access_stats.parquet",
+        "hot_ids.parquet",
         "manifest.json",
         "rank0.et.json",
         "rank0.trace.json.gz",
@@ -196,6 +197,7 @@ def test_force_replaces_a_profile(tmp_path):
     assert rc == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "access_stats.parquet",
+        "hot_ids.parquet",
         "manifest.json",
         "rank0.trace.json.gz",
         "rank1.trace.json.gz",

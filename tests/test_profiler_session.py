@@ -190,6 +190,7 @@ def test_training_that_ends_inside_the_window_still_writes_the_manifest(tmp_path
     assert manifest["profiled_steps"] == [2] and manifest["steady_step_s"] == []
     assert sorted(p.name for p in out.iterdir()) == [
         "access_stats.parquet",
+        "hot_ids.parquet",
         "manifest.json",
         "rank0.trace.json.gz",
         "rank1.trace.json.gz",

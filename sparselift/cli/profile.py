@@ -17,6 +17,7 @@ OUR_FILES = (
     "rank*.et.json",
     "manifest.json",
     "access_stats.parquet",
+    "hot_ids.parquet",
     ".*.tmp*",
 )
 

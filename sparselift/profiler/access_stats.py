@@ -4,7 +4,8 @@ Per (table, rank, step) a rank computes what needs only its own batch (ids, exac
 pooling factors, id bytes) and the compact id histogram (unique ids and their counts). Rank 0
 merges the histograms of all ranks and steps per table, which defines the table's hot rows (the top
 1 % / 10 % of its rows by observed frequency over the whole window) and its Zipf exponent
-(`zipf.py`); each row's top shares are the share of its lookups that hit those hot rows.
+(`zipf.py`); each row's top shares are the share of its lookups that hit those hot rows. The same
+merged histograms (`table_histograms`) give the hot-id file (`hot_ids.py`).
 """
 
 from __future__ import annotations
@@ -211,20 +212,43 @@ class AccessStats(NamedTuple):
     zipf_alphas: dict[str, float | None]  # fitted per table; None where the fit is undefined
 
 
-def access_rows(tables: list[TableMeta], steps: list[TableStep]) -> AccessStats:
+def table_histograms(steps: list[TableStep]) -> dict[str, IdHistogram]:
+    """Rank 0: each table's id histogram over all its steps on all ranks (sparse: only the ids
+    seen, never a dense array of the table's rows), in order of first appearance."""
+    by_table: dict[str, list[TableStep]] = {}
+    for s in steps:
+        by_table.setdefault(s.table, []).append(s)
+    return {
+        name: merge_histograms((s.uniq, s.counts) for s in group)
+        for name, group in by_table.items()
+    }
+
+
+def access_rows(
+    tables: list[TableMeta],
+    steps: list[TableStep],
+    histograms: dict[str, IdHistogram] | None = None,
+) -> AccessStats:
     """Rank 0: the rows of access_stats.parquet and the fitted Zipf exponent of each table.
 
     A table's hot rows (top 1 % / 10 %) and exponent come from all its steps on all ranks
     together; each row's top shares are the share of that step's lookups hitting them.
+
+    Args:
+        tables: the tables as the sharded modules declare them.
+        steps: every rank's TableSteps.
+        histograms: `table_histograms(steps)` if the caller already merged them (the hot ids
+            use the same histograms); merged here otherwise.
     """
     meta = {t.name: t for t in tables}
     by_table: dict[str, list[TableStep]] = {}
     for s in steps:
         by_table.setdefault(s.table, []).append(s)
+    hists = histograms if histograms is not None else table_histograms(steps)
     rows, alphas = [], {}
     for name, group in by_table.items():
         t = meta[name]
-        uniq, counts = merge_histograms((s.uniq, s.counts) for s in group)
+        uniq, counts = hists[name]
         alpha = fit_zipf_alpha(counts, t.num_embeddings)
         alphas[name] = None if math.isnan(alpha) else alpha  # JSON has no NaN
         hot1 = hot_rows(uniq, counts, t.num_embeddings, 0.01)

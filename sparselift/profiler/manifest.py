@@ -5,12 +5,15 @@ Format "sparselift-profile", version 1. Keys (all always present; unknown values
   command, workload, world_size, local_world_size, device, gpu (rank 0's CUDA device name),
   backend, batch_size,
   warmup, profiled_steps[], tables[{name, num_embeddings, embedding_dim, feature_names, pooling,
-  pooling_factor, zipf_alpha, pooling_type, module, zipf_alpha_fitted}],
+  pooling_factor, zipf_alpha, pooling_type, module, zipf_alpha_fitted, hot_ids}],
   sharding[{table, module, sharding_type, compute_kernel, ranks, shards[{rank, offsets, sizes}],
   cache_load_factor}], pipeline, step_times_s[rank][step], peak_memory_bytes[rank],
-  files{traces[], execution_traces[], access_stats}, errors[], steady_step_s[].
+  files{traces[], execution_traces[], access_stats, hot_ids}, errors[], steady_step_s[].
 steady_step_s (one float per step timed after the window with nothing attached, each the slowest
 rank's) came later: a manifest without it reads as `[]`, no steady steps timed.
+files.hot_ids (the hot-id file's name, null where it was not written) and each table's hot_ids
+(`hot_ids.HotIds.summary`: what the file's rows of that table are a part of; null where not
+recorded) came later too: a manifest without them has no hot ids (`hot_ids.read_hot_ids`).
 """
 
 from __future__ import annotations
@@ -129,6 +132,7 @@ class ProfileFacts:
     gpu: str | None = None  # what `optimize` picks a topology preset by
     steady_step_s: list[float] = field(default_factory=list)  # after the window, slowest rank
     comm_precision: dict[str, str] | None = None  # pooled collectives' {forward, backward}
+    hot_ids: str | None = None  # hot_ids.parquet where rank 0 wrote it, else None
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:
@@ -138,6 +142,7 @@ def build_manifest(f: ProfileFacts) -> dict[str, Any]:
         traces=d.pop("traces"),
         execution_traces=d.pop("execution_traces"),
         access_stats="access_stats.parquet",
+        hot_ids=d.pop("hot_ids"),
     )
     return {
         "format": FORMAT,
@@ -155,6 +160,7 @@ def table_entries(
     metas: list[Any],
     spec_tables: dict[str, Any] | None = None,
     fitted: dict[str, float | None] | None = None,
+    hot: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Manifest tables: what the sharded modules declare, plus the spec's pooling and skew.
 
@@ -162,6 +168,8 @@ def table_entries(
         metas: the tables as the sharded modules declare them.
         spec_tables: the workload spec's tables by name, if the run had a spec.
         fitted: the Zipf exponent fitted to each table's observed ids.
+        hot: each table's hot-id summary (`hot_ids.HotIds.summary`), where hot_ids.parquet
+            was written; a table without one gets null.
     """
     out = []
     for m in metas:
@@ -178,6 +186,7 @@ def table_entries(
                 pooling_type=m.pooling_type,
                 module=m.module,
                 zipf_alpha_fitted=(fitted or {}).get(m.name),
+                hot_ids=(hot or {}).get(m.name),
             )
         )
     return out

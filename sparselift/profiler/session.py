@@ -11,11 +11,13 @@ or `profile_pipeline(pipeline, "prof/", ...)` around a TorchRec TrainPipeline, o
 Steps before the window run untouched. At the first profiled step the session starts
 torch.profiler and wraps the sharded modules' `input_dist`; after the last it stops, unwraps, writes
 this rank's trace, and gathers every rank's access statistics on rank 0, which writes
-`access_stats.parquet` and `manifest.json` (unless `write_files=False`: then `finish()` hands them
-to the caller). Then it times `steady_steps` more steps with nothing attached (`steady.py`: the
-window runs slower than training does) and rank 0 rewrites the manifest with their
-`steady_step_s`; training that ends first keeps what was timed (`finish()` or leaving the `with`
-block gathers it; without either, the manifest keeps `steady_step_s: []`).
+`hot_ids.parquet` (each table's hottest ids over the window, `hot_ids.py`; always rank 0 itself,
+like the traces: too large to hand back), then `access_stats.parquet` and `manifest.json` (unless
+`write_files=False`: then `finish()` hands those to the caller). Then it times `steady_steps` more
+steps with nothing attached (`steady.py`: the window runs slower than training does) and rank 0
+rewrites the manifest with their `steady_step_s`; training that ends first keeps what was timed
+(`finish()` or leaving the `with` block gathers it; without either, the manifest keeps
+`steady_step_s: []`).
 `execution_trace=True` also records torch's ExecutionTraceObserver (`rank<R>.et.json`, op
 dependencies joinable to the Kineto trace); it is off by default because it costs disk space and
 slows the steps after the window (benchmarks/bench_profiler_overhead.py).
@@ -38,8 +40,14 @@ from torch import nn
 
 from sparselift.errors import UserError
 from sparselift.profiler.access import AccessRecorder, find_sharded_modules, table_metas
-from sparselift.profiler.access_stats import TableStep, access_rows, rank_table_steps
+from sparselift.profiler.access_stats import (
+    TableStep,
+    access_rows,
+    rank_table_steps,
+    table_histograms,
+)
 from sparselift.profiler.gather import gather_to_rank0
+from sparselift.profiler.hot_ids import HOT_IDS, record_hot_ids
 from sparselift.profiler.manifest import (
     ProfileFacts,
     build_manifest,
@@ -97,7 +105,7 @@ class ProfileSession:
         execution_trace: also record torch's ExecutionTraceObserver.
         pipeline: the TorchRec TrainPipeline, if any (its class is recorded).
         write_files: rank 0 writes access_stats.parquet and manifest.json itself; False: the
-            caller does, from `finish()`.
+            caller does, from `finish()` (rank 0 writes hot_ids.parquet either way).
         spec_tables: the workload spec's tables by name (their pooling and skew are recorded).
         command: the command line to record (default: sys.argv).
         workload: the workload's name to record.
@@ -321,7 +329,12 @@ class ProfileSession:
 
     def _rank0(self, reports: list[RankReport]) -> None:
         steps = [s for r in reports for s in r.table_steps]
-        rows, alphas = access_rows(self.tables, steps)
+        hists = table_histograms(steps)
+        rows, alphas = access_rows(self.tables, steps, hists)
+        hot = self._guard(
+            lambda: record_hot_ids(self.out_dir, self.tables, hists),
+            f"writing hot ids to {self.out_dir}",
+        )
         batch = next((s.batch_size for s in steps), None)
         facts = ProfileFacts(
             world_size=self.world_size,
@@ -331,7 +344,7 @@ class ProfileSession:
             batch_size=batch,
             warmup=self.first,
             profiled_steps=self.profiled_steps,
-            tables=table_entries(self.tables, self.spec_tables, alphas),
+            tables=table_entries(self.tables, self.spec_tables, alphas, hot),
             sharding=self.sharding,
             pipeline=self.pipeline,
             step_times_s=[r.step_times_s for r in reports],
@@ -340,9 +353,11 @@ class ProfileSession:
             execution_traces=[et_name(r.rank) for r in reports if et_name(r.rank) in r.files],
             command=self.command if self.command is not None else list(sys.argv),
             workload=self.workload,
-            errors=[f"rank {r.rank}: {e}" for r in reports for e in r.errors],
+            errors=[f"rank {r.rank}: {e}" for r in reports for e in r.errors]
+            + [f"rank 0: {e}" for e in self.errors[len(reports[0].errors) :]],  # since gathered
             gpu=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
             comm_precision=self.comm_precision,
+            hot_ids=HOT_IDS if hot is not None else None,
         )
         self._facts = facts
         self.result = dict(rows=rows, facts=asdict(facts))
