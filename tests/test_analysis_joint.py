@@ -156,7 +156,8 @@ def test_optimize_plans_with_the_joint_calibration_of_two_profiles(tmp_path, cap
     assert f"left out {RW}: predicted" in printed
     plan = json.loads(out.read_text())
     assert plan["provenance"]["profiles"] == [str(TW), str(RW)]
-    assert plan["evidence"]["lookup_bwd"] == {"source": "measured", "from": str(TW)}
+    both = f"{TW} + {RW}"
+    assert plan["evidence"]["lookup_bwd"] == {"source": "measured", "from": both}
 
 
 def test_a_calibration_reproduces_the_steady_step_timed_after_the_window(tmp_path):

@@ -203,9 +203,9 @@ def coefficients(
             None / {} for the preset alone.
         dense_step_s: the dense part of a step when the calibration does not measure it.
     Returns:
-        Coefficients whose `source` is the calibration's profile (or "calibration"); what the
-        calibration replaced is marked measured from it (an op kind with its fixed sync cost),
-        the rest stays assumed from the preset. The inter-host per-byte cost counts as measured
+        Coefficients whose `source` is the calibration's profiles (" + " between several fitted
+        together; or "calibration"); what the calibration replaced is marked measured from it
+        (an op kind with its fixed sync cost), the rest stays assumed from the preset. The inter-host per-byte cost counts as measured
         only where the measured intra-host one raised it.
     Raises:
         UserError: a calibration object with a wrong field (`Calibration.from_dict`).
@@ -247,7 +247,13 @@ def coefficients(
         if kw["inter_host_b_s"] == base.inter_host_b_s:
             del kw["inter_host_b_s"]  # the preset's value stands: still an assumption
     profile = cal.provenance.profile
-    origin = profile if profile is not None else "calibration"
+    origin = (
+        " + ".join(cal.provenance.profiles)  # fitted on several profiles together
+        if cal.provenance.profiles
+        else profile
+        if profile is not None
+        else "calibration"
+    )
     return base.replace(source=origin, **kw).with_evidence(MEASURED, origin, tuple(kw))
 
 
