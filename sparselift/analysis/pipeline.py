@@ -57,7 +57,10 @@ class Analysis:
 
 
 def analyze(
-    path: str | Path, cache: bool = True, progress: Callable[[str], None] | None = None
+    path: str | Path,
+    cache: bool = True,
+    progress: Callable[[str], None] | None = None,
+    workers: int | None = None,
 ) -> Analysis:
     """Parse, rebuild and calibrate the profile directory `path`.
 
@@ -65,6 +68,7 @@ def analyze(
         path: a profile directory written by `sparselift profile` or `ProfileSession`.
         cache: read and write the per-rank parsed-trace cache (Parquet beside the traces).
         progress: called with one line per parsed trace, if given.
+        workers: processes that parse the rank traces (None: one per core, at most one per rank).
 
     Returns:
         The Analysis; nothing is written.
@@ -72,7 +76,7 @@ def analyze(
     Raises:
         UserError: the directory is not a complete profile, or a rank has no sparse-path events.
     """
-    prof = load_profile(path, cache=cache, progress=progress)
+    prof = load_profile(path, cache=cache, progress=progress, workers=workers)
     graph = build_graph(prof.traces, prof.plan_tables)
     sparse = graph.nodes["stage"].isin(SPARSE_STAGES)
     for rank, tr in enumerate(prof.traces):

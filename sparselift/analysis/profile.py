@@ -7,7 +7,12 @@ naming the file.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import resource
+import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -15,6 +20,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from sparselift.analysis import names
+from sparselift.analysis.reconstruct import rank_nodes
 from sparselift.analysis.trace import Trace, load_trace
 from sparselift.errors import UserError
 from sparselift.jsonfile import read_versioned
@@ -33,6 +39,7 @@ class Profile:
         traces: one per rank, index = rank.
         access_stats: access_stats.parquet (one row per table, rank and step), if present.
         plan_tables: the plan in force, one row per shard (`plan_tables`).
+        parse: what parsing the traces cost.
     """
 
     path: Path
@@ -40,6 +47,7 @@ class Profile:
     traces: list[Trace]
     access_stats: pd.DataFrame | None
     plan_tables: pd.DataFrame
+    parse: ParseStats | None = None
 
 
 class StepSpan(NamedTuple):
@@ -122,30 +130,137 @@ def plan_tables(manifest: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["table", "module", "sharding_type", "rank", "rows", "cols"])
 
 
+@dataclass(frozen=True)
+class ParseStats:
+    """What parsing a profile's traces and making each rank's nodes (`_parse_one`) cost.
+
+    Attributes:
+        ranks: traces parsed (or read from the cache).
+        trace_mib: their total size on disk (MiB, compressed as stored).
+        wall_s: wall time from the first trace to the last.
+        workers: processes that parsed (1: in this process).
+        peak_rss_mib: this process's peak resident memory so far.
+        worker_peak_rss_mib: the largest peak of any worker process (None with one worker).
+    """
+
+    ranks: int
+    trace_mib: float
+    wall_s: float
+    workers: int
+    peak_rss_mib: float
+    worker_peak_rss_mib: float | None
+
+    def line(self) -> str:
+        """One line for the console."""
+        per = (
+            f", {self.worker_peak_rss_mib:.0f} MiB per worker"
+            if self.worker_peak_rss_mib is not None
+            else ""
+        )
+        return (
+            f"parsed {self.ranks} traces ({self.trace_mib:.1f} MiB) and made their nodes in "
+            f"{self.wall_s:.2f} s with "
+            f"{self.workers} worker{'s' if self.workers > 1 else ''}; peak RSS "
+            f"{self.peak_rss_mib:.0f} MiB here{per}"
+        )
+
+
+def worker_count(world: int, workers: int | None = None) -> int:
+    """Processes to parse `world` traces with: `workers`, else the cores.
+
+    Never more than `world`.
+
+    Raises:
+        UserError: `workers` below 1.
+    """
+    n = workers if workers is not None else os.cpu_count() or 1
+    if n < 1:
+        raise UserError(f"workers must be at least 1, got {n}")
+    return max(1, min(n, world))
+
+
+def _rss_mib() -> float:
+    """This process's peak resident memory so far, MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _parse_one(path: Path, cache: bool, rank: int) -> tuple[Trace, float]:
+    """In a worker (or here): one rank's trace (through the cache) with its `rank_nodes` made,
+    so that rebuilding the graph is parallel too; and the process's peak RSS in MiB.
+
+    A trace whose nodes cannot be made gets none: `build_graph` makes them again and raises
+    then, after `load_profile`'s own checks, as with one worker.
+    """
+    tr = load_trace(path, cache=cache)
+    try:
+        tr.rank_nodes = (rank, rank_nodes(tr, rank))
+    except Exception:  # re-raised by build_graph, in the order one worker would raise it
+        pass
+    return tr, _rss_mib()
+
+
+def _load_traces(paths: list[Path], cache: bool, workers: int) -> tuple[list[Trace], float | None]:
+    """Each path's Trace in order, with its nodes, in `workers` processes (1: here); and the
+    workers' largest peak RSS (None with one).
+
+    A failing rank raises its error, the lowest rank's first; ranks not yet started are dropped.
+    """
+    if workers == 1:
+        return [_parse_one(p, cache, r)[0] for r, p in enumerate(paths)], None
+    # fork: a worker starts with the trace module imported and needs no importable __main__
+    # (scripts and notebooks without a main guard); it only parses, so the threads a fork
+    # leaves behind are not missed
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if fork else None)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(_parse_one, p, cache, r) for r, p in enumerate(paths)]
+        try:
+            done = [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    return [t for t, _ in done], max(m for _, m in done)
+
+
 def load_profile(
-    path: str | Path, cache: bool = True, progress: Callable[[str], None] | None = None
+    path: str | Path,
+    cache: bool = True,
+    progress: Callable[[str], None] | None = None,
+    workers: int | None = None,
 ) -> Profile:
-    """Read and cross-check a profile directory.
+    """Read and cross-check a profile directory, parsing the ranks' traces in parallel.
+
+    Each rank's trace is parsed in a worker process (streamed, and cached beside it), and its
+    graph nodes made there too (`Trace.rank_nodes`), so this process holds the parsed rows, never
+    a decoded JSON document, and the per-rank work runs on every core; the result is the same
+    whatever the number of workers. Every rank's trace is found before any is parsed.
 
     Args:
         path: the profile directory.
         cache: read and write the parsed-trace cache beside the traces.
-        progress: called with one line per trace before it is parsed, if given.
+        progress: called with one line per trace before it is parsed, and a last line with
+            `ParseStats.line`, if given.
+        workers: processes to parse with (`worker_count`: default the context's, else the cores).
     Raises:
-        UserError: names the first bad file (missing, corrupt, from another rank or run).
+        UserError: names the first bad file (missing, corrupt, from another rank or run), or
+            `workers` below 1.
     """
     d = Path(path)
     if not d.is_dir():
         raise UserError(f"{d}: not a directory")
     m = read_manifest(d)
     world = m["world_size"]
-    traces = []
-    for r in range(world):
-        p = trace_path(d, r, m)
-        if progress is not None:
-            size = p.stat().st_size / 2**20 if p.is_file() else 0.0
+    n = worker_count(world, workers)
+    paths = [trace_path(d, r, m) for r in range(world)]
+    sizes = [p.stat().st_size / 2**20 for p in paths]
+    if progress is not None:
+        for r, (p, size) in enumerate(zip(paths, sizes, strict=True)):
             progress(f"parsing trace {r + 1}/{world}: {p.name} ({size:.1f} MiB)")
-        tr = load_trace(p, cache=cache)
+    t0 = time.perf_counter()
+    traces, worker_rss = _load_traces(paths, cache, n)
+    stats = ParseStats(world, sum(sizes), time.perf_counter() - t0, n, _rss_mib(), worker_rss)
+    for r, (p, tr) in enumerate(zip(paths, traces, strict=True)):
         if tr.rank is not None and tr.rank != r:
             raise UserError(
                 f"{p}: is rank {tr.rank}'s trace, expected rank {r} "
@@ -156,17 +271,23 @@ def load_profile(
                 f"{p}: from a run with world size {tr.world_size}, manifest says {world} "
                 f"(traces from different runs mixed)"
             )
-        traces.append(tr)
     check_same_run(traces, m)
-    stats = None
+    access = None
     sp = d / ((m.get("files") or {}).get("access_stats") or "access_stats.parquet")
     if sp.is_file():
         try:
-            stats = pd.read_parquet(sp)
+            access = pd.read_parquet(sp)
         except Exception as e:  # any unreadable parquet is bad input, whatever pyarrow raises
             raise UserError(f"{sp}: unreadable Parquet ({e.__class__.__name__})") from None
+    if progress is not None:
+        progress(stats.line())
     return Profile(
-        path=d, manifest=m, traces=traces, access_stats=stats, plan_tables=plan_tables(m)
+        path=d,
+        manifest=m,
+        traces=traces,
+        access_stats=access,
+        plan_tables=plan_tables(m),
+        parse=stats,
     )
 
 

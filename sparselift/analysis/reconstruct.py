@@ -327,7 +327,8 @@ def build_graph(traces: list[Trace], plan_tables: pd.DataFrame | None = None) ->
     """Every rank's nodes with tables and x, collectives paired across ranks, and the edges.
 
     Args:
-        traces: one per rank, index = rank.
+        traces: one per rank, index = rank; a trace's `rank_nodes`, made in parallel where it
+            was parsed, are used as they are.
         plan_tables: the plan in force, one row per shard (`profile.plan_tables`); None or empty:
             nodes get no tables and lookups no x.
     Returns:
@@ -335,7 +336,8 @@ def build_graph(traces: list[Trace], plan_tables: pd.DataFrame | None = None) ->
     """
     all_nodes, all_steps, problems = [], [], []
     for r, tr in enumerate(traces):
-        one = rank_nodes(tr, r)
+        made = tr.rank_nodes
+        one: RankNodes = made[1] if made is not None and made[0] == r else rank_nodes(tr, r)
         all_nodes.append(one.nodes)
         all_steps.append(one.steps)
         problems.extend(one.unplaced)
@@ -362,17 +364,30 @@ def attach_tables(nodes: pd.DataFrame, plan_tables: pd.DataFrame | None) -> pd.D
     nodes["x"] = 0.0
     if plan_tables is None or plan_tables.empty:
         return nodes
-    for i, r in nodes.iterrows():
-        if r["stage"] not in names.SPARSE_STAGES:
+    # one plan lookup per (sharding, rank) a node can ask for, not one per node
+    per_key: dict[tuple[Any, Any], tuple[str, float | None]] = {}
+    tables, xs = nodes["tables"].tolist(), nodes["x"].tolist()
+    cols = zip(nodes["stage"], nodes["sharding"], nodes["rank"], nodes["ids"], strict=True)
+    for i, (stage, sharding, rank, ids) in enumerate(cols):
+        if stage not in names.SPARSE_STAGES:
             continue
-        pt = plan_tables
-        if r["sharding"] not in (None, "*") and isinstance(r["sharding"], str):
-            pt = pt[pt["sharding_type"] == r["sharding"]]
-        if r["stage"] == "lookup":
-            pt = pt[pt["rank"] == r["rank"]]
-        nodes.at[i, "tables"] = ",".join(sorted(pt["table"].unique()))
-        if r["stage"] == "lookup" and len(pt):
-            nodes.at[i, "x"] = float(r["ids"]) * float(pt["cols"].mean())
+        by_type = sharding if isinstance(sharding, str) and sharding != "*" else None
+        key = (by_type, rank if stage == "lookup" else None)
+        if key not in per_key:
+            pt = plan_tables
+            if by_type is not None:
+                pt = pt[pt["sharding_type"] == by_type]
+            if stage == "lookup":
+                pt = pt[pt["rank"] == rank]
+            per_key[key] = (
+                ",".join(sorted(pt["table"].unique())),
+                float(pt["cols"].mean()) if len(pt) else None,
+            )
+        tables[i], width = per_key[key]
+        if stage == "lookup" and width is not None:
+            xs[i] = float(ids) * width
+    nodes["tables"] = tables
+    nodes["x"] = xs
     dist = nodes["stage"].isin(("input_dist", "output_dist"))
     nodes.loc[dist, "x"] = nodes.loc[dist, "bytes"].astype(float)
     dp = nodes["kind"] == "dp_allreduce"

@@ -14,6 +14,7 @@ from sparselift.analysis.pipeline_overlap import PipelineOverlap, fit_pipeline_o
 from sparselift.analysis.summary import format_summary
 from sparselift.atomic import check_writable
 from sparselift.calibration import Calibration
+from sparselift.errors import UserError
 from sparselift.optimizer.topology import profiled_topology
 
 
@@ -44,7 +45,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a profile of the same plan under the sparse-dist pipeline (DIR under the base one): "
         "calibrate the share of input_dist that pipeline hides",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes parsing the ranks' traces (default: one per core, at most one per rank)",
+    )
     p.set_defaults(run=run_analyze)
+
+
+MAX_WORKERS = 1024
 
 
 def calibration_line(cal: Calibration) -> str:
@@ -71,12 +82,19 @@ def _pipeline_fit(a: Analysis, args: argparse.Namespace) -> PipelineOverlap:
     )
 
 
+def _analyze(d: str, args: argparse.Namespace) -> Analysis:
+    """`pipeline.analyze` of profile `d` with the flags' cache and workers, progress printed."""
+    return analyze(
+        d,
+        cache=not args.no_cache,
+        progress=lambda line: print(line, flush=True),
+        workers=args.workers,
+    )
+
+
 def _joint(a: Analysis, args: argparse.Namespace) -> JointFit:
     """The calibration fitted on DIR and every further profile together."""
-    others = [
-        analyze(d, cache=not args.no_cache, progress=lambda line: print(line, flush=True))
-        for d in args.more
-    ]
+    others = [_analyze(d, args) for d in args.more]
     return fit_jointly([a, *others], _overhead_s(a, args))
 
 
@@ -87,12 +105,14 @@ def run_analyze(args: argparse.Namespace) -> int:
         UserError: bad profile directory or unwritable output (exit 2, nothing written).
     """
     out = Path(args.out or args.dir)
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise UserError(f"--workers must be between 1 and {MAX_WORKERS}, got {args.workers}")
     check_output_dir(out)
     if args.html:
         check_writable(args.html)
     if args.more:
         check_one_job([args.dir, *args.more])
-    a = analyze(args.dir, cache=not args.no_cache, progress=lambda line: print(line, flush=True))
+    a = _analyze(args.dir, args)
     joint = _joint(a, args) if args.more else None
     if joint is not None:
         a.calibration = joint.calibration
