@@ -90,6 +90,9 @@ analyze-html-file-parent | analyze {prof} --out {tmp}/o --html {blocker}/r.html 
 analyze-html-no-parent | analyze {prof} --out {tmp}/o --html {tmp}/no/r.html | $CW {tmp}/no/r.html
 analyze-pipeline-profile-missing | analyze {prof} --out {tmp}/o --pipeline-profile {tmp}/nope | nope
 analyze-pipeline-same | analyze {prof} --out {tmp}/o --pipeline-profile {prof} | SparseDist
+analyze-workers-zero | analyze {prof} --out {tmp}/o --workers 0 | --workers
+analyze-workers-negative | analyze {prof} --out {tmp}/o --workers -2 | --workers
+analyze-workers-huge | analyze {prof} --out {tmp}/o --workers 1000000 | --workers
 
 compare-baseline-missing | compare {tmp}/noprofile {prof} | noprofile
 compare-candidate-is-file | compare {prof} {blocker} | {blocker}

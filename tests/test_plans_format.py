@@ -78,8 +78,8 @@ def test_malformed_json_wrong_format_newer_version(tmp_path):
     with pytest.raises(PlanError, match="not a SparseLift plan"):
         plans.load(write(tmp_path / "f.json", d))
     d = doc(round_robin())
-    d["version"] = 2
-    with pytest.raises(PlanError, match="version 2 is newer than this SparseLift reads"):
+    d["version"] = 3
+    with pytest.raises(PlanError, match="version 3 is newer than this SparseLift reads"):
         plans.load(write(tmp_path / "v.json", d))
     with pytest.raises(PlanError, match="cannot read"):
         plans.load(tmp_path / "missing.json")

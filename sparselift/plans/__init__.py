@@ -7,11 +7,15 @@ checking a plan is cheaper still. Nothing else of SparseLift is imported.
 
 Modules: `types` (the parts of a plan), `plan` (`Plan`, to and from the file's JSON), `schema` and
 `consistency` (the checks), `fileio` (load / save), `to_torchrec` (TorchRec objects), `baselines`
-(TorchRec's plan and the round-robin reference), `render` (text views), `errors`.
+(TorchRec's plan and the round-robin reference), `render` (text views), `errors`; for plans
+with splits (format 2: model tables as virtual tables), `splits` (the data and its checks),
+`transform` (the batch transform), `rewrite` (the split model), `replicated` (data-parallel parts
+with their table's row-wise Adagrad), `checkpoint` (state across the split).
 
     plan = sparselift.plans.load("plan.json")
     model = plan.apply(model, pg=pg, device=device)   # checks the model first, then DMP
     pipeline = plan.pipeline_class()(model, optimizer, device)
+    batches = plan.transform_loader(loader)   # plans with splits: ids onto the virtual tables
 """
 
 from sparselift.plans.baselines import (
@@ -30,6 +34,7 @@ from sparselift.plans.types import (
     CommPrecision,
     PlanTopology,
     Shard,
+    Split,
     TableFingerprint,
     TablePlan,
 )
@@ -45,6 +50,7 @@ __all__ = [
     "PlanWriteError",
     "PlanTopology",
     "Shard",
+    "Split",
     "TableFingerprint",
     "TablePlan",
     "dumps",

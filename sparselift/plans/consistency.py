@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sparselift.plans.splits import sharded_tables, split_fit_problems, split_problems
 from sparselift.plans.types import (
     MAX_EMBEDDING_DIM,
     MAX_NUM_EMBEDDINGS,
@@ -25,7 +26,8 @@ MP_KERNELS = {"cpu": ("fused",), "cuda": ("fused", "fused_uvm", "fused_uvm_cachi
 
 
 def plan_problems(plan: Plan) -> list[str]:
-    """Every problem of `plan` on its own: topology, table names and features, each table's shards.
+    """Every problem of `plan` on its own: topology, table names and features, splits, each
+    table's shards (a split table's parts against the shapes the split gives them).
 
     Returns:
         One message per problem, each naming the table it is about; [] for a consistent plan.
@@ -40,8 +42,13 @@ def plan_problems(plan: Plan) -> list[str]:
             f"topology: local_world_size {topo.local_world_size} does not divide "
             f"world_size {topo.world_size}"
         )
-    problems += _name_problems(plan)
-    fingerprints = {t.name: t for t in plan.model}
+    bad_splits = split_problems(plan.splits, plan.model)
+    problems += bad_splits
+    sharded = sharded_tables(plan.model, plan.splits)
+    problems += _name_problems(plan, sharded)
+    # parts of a broken split have no shapes to check shards against
+    unsized = {p for s in plan.splits for p in s.parts} if bad_splits else set()
+    fingerprints = {t.name: t for t in sharded if t.name not in unsized}
     for t in plan.tables:
         fp = fingerprints.get(t.name)
         if fp is not None:
@@ -66,7 +73,9 @@ def _size_problems(tables: list[TableFingerprint]) -> list[str]:
     return problems
 
 
-def _name_problems(plan: Plan) -> list[str]:
+def _name_problems(plan: Plan, sharded: list[TableFingerprint]) -> list[str]:
+    """Duplicate names, features feeding two tables, and `tables` against the tables as
+    sharded (`sharded`: the model's, split tables replaced by their parts)."""
     problems = []
     model_names = [t.name for t in plan.model]
     plan_names = [t.name for t in plan.tables]
@@ -85,11 +94,26 @@ def _name_problems(plan: Plan) -> list[str]:
                     f"model.tables: feature {f!r} feeds both {features[f]!r} and {t.name!r}"
                 )
             features[f] = t.name
-    plan_set, model_set = set(plan_names), set(model_names)
-    unplanned = [n for n in model_names if n not in plan_set]
-    unknown = [n for n in plan_names if n not in model_set]
-    problems += [f"table {n!r} of the model has no entry in tables" for n in unplanned]
-    problems += [f"tables: {n!r} is not a table of the model" for n in unknown]
+    parts = {p: s.table for s in plan.splits for p in s.parts}
+    split = {s.table: s for s in plan.splits}
+    plan_set, sharded_set = set(plan_names), {t.name for t in sharded}
+    for n in (t.name for t in sharded):
+        if n in plan_set:
+            continue
+        if n in parts:
+            problems.append(f"part {n!r} of split table {parts[n]!r} has no entry in tables")
+        else:
+            problems.append(f"table {n!r} of the model has no entry in tables")
+    for n in plan_names:
+        if n in sharded_set:
+            continue
+        if n in split:
+            problems.append(
+                f"tables: {n!r} is split into virtual tables ({', '.join(split[n].parts)}); "
+                f"they have entries, not the table"
+            )
+        else:
+            problems.append(f"tables: {n!r} is not a table of the model")
     return problems
 
 
@@ -224,6 +248,9 @@ def _tiling(kind: str, axis: str, spans: list[tuple[int, int]], total: int) -> l
 def fit_problems(plan: Plan, tables: list[TableFingerprint], world_size: int) -> list[str]:
     """Differences between the plan's model and world size and those it is about to run with.
 
+    A split table is held to what its split needs: its features, and rows and columns that its
+    ranges or hot ids fit (each message names the part and the range out of reach).
+
     Args:
         plan: the plan.
         tables: the model's tables as it is built.
@@ -244,9 +271,13 @@ def fit_problems(plan: Plan, tables: list[TableFingerprint], world_size: int) ->
     problems += [
         f"table {n!r} is in the plan but not in the model" for n in planned if n not in actual
     ]
+    splits = {s.table: s for s in plan.splits}
     for name, a in actual.items():
         p = planned.get(name)
         if p is None:
+            continue
+        if name in splits:
+            problems += split_fit_problems(splits[name], p, a)
             continue
         if p.num_embeddings != a.num_embeddings:
             problems.append(

@@ -17,25 +17,50 @@ from sparselift.plans.plan import Plan
 WIDTH = 100  # a JSON value that fits in this many columns stays on one line
 
 
+# Lists written as rows of numbers filling WIDTH columns rather than one number per line.
+PACKED = frozenset({"hot_ids"})
+
+
 def dumps(plan: Plan) -> bytes:
     """The plan file's canonical bytes: fixed key order and float precision, trailing newline.
 
     Anything that fits in WIDTH columns stays on one line (a table's fingerprint, a shard), so a
-    plan reads and diffs line by line. Equal plans give equal bytes.
+    plan reads and diffs line by line; a split's hot ids fill rows of WIDTH columns. Equal plans
+    give equal bytes.
     """
     return (_format(plan.to_dict(), 0) + "\n").encode()
 
 
-def _format(v: object, indent: int) -> str:
+def _format(v: object, indent: int, key: str | None = None) -> str:
     compact = json.dumps(v, ensure_ascii=True, allow_nan=False, separators=(", ", ": "))
     if not isinstance(v, (dict, list)) or not v or indent + len(compact) <= WIDTH:
         return compact
     pad = " " * (indent + 1)
     if isinstance(v, dict):
-        items = [f"{pad}{json.dumps(k)}: {_format(x, indent + 1)}" for k, x in v.items()]
+        items = [f"{pad}{json.dumps(k)}: {_format(x, indent + 1, k)}" for k, x in v.items()]
         return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    if key in PACKED:
+        return (
+            "[\n"
+            + ",\n".join(_packed_rows([json.dumps(x) for x in v], pad))
+            + "\n"
+            + " " * indent
+            + "]"
+        )
     items = [pad + _format(x, indent + 1) for x in v]
     return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
+
+
+def _packed_rows(words: list[str], pad: str) -> list[str]:
+    """`words` as comma-separated rows of at most WIDTH columns, each starting with `pad`."""
+    rows: list[str] = []
+    line = ""
+    for w in words:
+        if line and len(pad) + len(line) + len(w) + 3 > WIDTH:
+            rows.append(pad + line)
+            line = ""
+        line = f"{line}, {w}" if line else w
+    return [*rows, pad + line]
 
 
 def loads(data: str | bytes, source: str = "<plan>") -> Plan:

@@ -15,13 +15,16 @@ from typing import Any
 from sparselift.plans.consistency import fit_problems, plan_problems
 from sparselift.plans.errors import PlanError
 from sparselift.plans.schema import schema_problems
+from sparselift.plans.splits import sharded_tables, split_from_dict, split_to_dict
 from sparselift.plans.types import (
     DEFAULT_CACHE_LOAD_FACTOR,
     FORMAT,
     VERSION,
+    VERSION_WITHOUT_SPLITS,
     CommPrecision,
     PlanTopology,
     Shard,
+    Split,
     TableFingerprint,
     TablePlan,
 )
@@ -39,6 +42,7 @@ __all__ = [
     "PlanTopology",
     "STATISTICS_FIELDS",
     "Shard",
+    "Split",
     "TableFingerprint",
     "TablePlan",
 ]
@@ -51,7 +55,8 @@ class Plan:
     Attributes:
         model: the model's tables, in the model's order (what the plan must be loaded against).
         topology: the ranks the plan is for.
-        tables: one TablePlan per model table.
+        tables: one TablePlan per table as sharded: each model table, except that a split
+            table is replaced by its parts (`sharded_tables()`).
         comm_precision: qcomm precision of the sharded collectives.
         pipeline: the train pipeline, "base" or "sparse-dist".
         module: FQN of the EmbeddingBagCollection in the train module, if known.
@@ -67,6 +72,8 @@ class Plan:
             `STATISTICS_FIELDS`; `sparselift.optimizer.planio.statistics_digest` writes it), what
             `sparselift plan check` compares a new profile with; None in plans made without it.
             Written only when present, as `evidence`.
+        splits: model tables rewritten as virtual tables (plan format 2; see `splits.py`).
+            A plan without splits is written as format version 1, byte for byte as before.
         source: the file it came from, for messages (not part of the plan: not compared).
     """
 
@@ -81,18 +88,20 @@ class Plan:
     provenance: dict[str, Any] | None = None
     evidence: dict[str, dict[str, str]] | None = None
     statistics: dict[str, dict[str, float]] | None = None
+    splits: list[Split] = field(default_factory=list)
     source: str = field(default="<plan>", compare=False)
 
     # ---------------------------------------------------------------------------- file format
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan file's JSON object: keys in the documented order, tables in model order.
+        """The plan file's JSON object: keys in the documented order, tables in model order (a
+        split table's parts in its place, in part order).
 
         Free-form values (`predicted`, `solver`, `provenance`, cache_load_factor) are made
         canonical — sorted keys, floats to 10 significant digits, non-finite floats as null — so
         that equal plans give equal bytes.
         """
-        order = {t.name: i for i, t in enumerate(self.model)}
+        order = {t.name: i for i, t in enumerate(self.sharded_tables())}
         tables = sorted(self.tables, key=lambda t: (order.get(t.name, len(order)), t.name))
         model: dict[str, Any] = {}
         if self.module is not None:
@@ -108,7 +117,7 @@ class Plan:
         ]
         out: dict[str, Any] = {
             "format": FORMAT,
-            "version": VERSION,
+            "version": VERSION if self.splits else VERSION_WITHOUT_SPLITS,
             "model": model,
             "topology": dict(
                 world_size=self.topology.world_size,
@@ -116,6 +125,10 @@ class Plan:
                 device=self.topology.device,
                 preset=self.topology.preset,
             ),
+        }
+        if self.splits:
+            out["splits"] = [split_to_dict(s) for s in self.splits]
+        out |= {
             "tables": [_table_dict(t) for t in tables],
             "comm_precision": dict(
                 forward=self.comm_precision.forward, backward=self.comm_precision.backward
@@ -144,6 +157,15 @@ class Plan:
             PlanError: listing every problem found (not only the first).
         """
         problems = schema_problems(d)
+        if problems:
+            raise PlanError(source, problems)
+        splits: list[Split] = []
+        for i, sd in enumerate(d.get("splits", [])):
+            split, bad = split_from_dict(sd, i)
+            splits.append(split)
+            problems += bad
+        if splits and d["version"] < VERSION:
+            problems.append(f"splits need plan format version {VERSION}, not {d['version']}")
         if problems:
             raise PlanError(source, problems)
         m = d["model"]
@@ -183,6 +205,7 @@ class Plan:
             provenance=d.get("provenance"),
             evidence=d.get("evidence"),
             statistics=d.get("statistics"),
+            splits=splits,
             source=source,
         )
         problems = plan_problems(plan) + statistics_problems(plan)
@@ -196,6 +219,14 @@ class Plan:
             if t.name == name:
                 return t
         raise KeyError(name)
+
+    def sharded_tables(self) -> list[TableFingerprint]:
+        """The tables as sharded, in model order: a split table's parts in its place.
+
+        These are the fingerprints of `tables` (each virtual table's rows, dim and features);
+        equal to `model` for a plan without splits.
+        """
+        return sharded_tables(self.model, self.splits)
 
     # ------------------------------------------------------------------------- fit to a model
 
@@ -216,14 +247,15 @@ class Plan:
             raise PlanError(self.source, problems)
 
     def check(self, model: Any, world_size: int) -> None:
-        """`check_spec` against the EmbeddingBagCollections found in the unsharded `model`.
+        """`check_spec` against the EmbeddingBagCollections found in the unsharded `model` (a
+        split model's stand-ins count as the collections they replaced).
 
         Raises:
             PlanError: as `check_spec`.
         """
-        from sparselift.plans.to_torchrec import model_tables
+        from sparselift.plans.to_torchrec import original_tables
 
-        self.check_spec([found.table for found in model_tables(model)], world_size)
+        self.check_spec([found.table for found in original_tables(model)], world_size)
 
     # ------------------------------------------------------------------------------- TorchRec
 
@@ -263,6 +295,74 @@ class Plan:
         from sparselift.plans.to_torchrec import apply
 
         return apply(self, model, pg, device)
+
+    # ------------------------------------------------------------------- plans with splits
+
+    def rewrite(self, model: Any) -> Any:
+        """The split model: `model`'s collections with split tables replaced by VirtualTables
+        (in place; `apply` does it). Unchanged without splits.
+
+        Raises:
+            PlanError: a split that would not train exactly (see `rewrite.rewrite_problems`).
+        """
+        from sparselift.plans.rewrite import rewrite
+
+        return rewrite(self, model)
+
+    def batch_transform(self) -> Any:
+        """The batch transform of this plan (`transform.BatchTransform`), made once."""
+        transform = self.__dict__.get("_transform")
+        if transform is None:
+            from sparselift.plans.transform import BatchTransform
+
+            transform = BatchTransform(self.model, self.splits, self.source)
+            self.__dict__["_transform"] = transform
+        return transform
+
+    def transform_batch(self, batch: Any) -> Any:
+        """`batch` (a TorchRec Batch, any object with `sparse_features`, or a KJT) as the split
+        model takes it: each split feature's ids on its virtual features. The same batch
+        without splits.
+
+        Raises:
+            PlanError: the batch lacks a feature of the plan, or a split feature has ids beyond
+                its table (naming the table, the feature and the ids).
+        """
+        if not self.splits:
+            return batch
+        return self.batch_transform().batch(batch)
+
+    def transform_loader(self, batches: Any) -> Any:
+        """An iterator over `batches` (e.g. a DataLoader), each transformed as it is drawn."""
+        if not self.splits:
+            return iter(batches)
+        return self.batch_transform().loader(batches)
+
+    def to_virtual_state(self, state: Any) -> dict[str, Any]:
+        """A model state dict of full tensors in the original layout as the split model's
+        (`checkpoint.to_virtual`); `to_original_state` is the inverse, bit for bit."""
+        from sparselift.plans.checkpoint import to_virtual
+
+        return to_virtual(self, state)
+
+    def to_original_state(self, state: Any) -> dict[str, Any]:
+        """The split model's full state dict in the original layout (`checkpoint.to_original`)."""
+        from sparselift.plans.checkpoint import to_original
+
+        return to_original(self, state)
+
+    def to_virtual_optimizer_state(self, state: Any) -> dict[str, Any]:
+        """An optimizer state ({weight name: {state name: full tensor}}) in the original layout
+        as the split model's (`checkpoint.optimizer_to_virtual`)."""
+        from sparselift.plans.checkpoint import optimizer_to_virtual
+
+        return optimizer_to_virtual(self, state)
+
+    def to_original_optimizer_state(self, state: Any) -> dict[str, Any]:
+        """The split model's optimizer state in the original layout (the inverse)."""
+        from sparselift.plans.checkpoint import optimizer_to_original
+
+        return optimizer_to_original(self, state)
 
     def plan_loader(self, model: Any = None):
         """A TorchRec PlanLoader serving this plan to `EmbeddingShardingPlanner(plan_loader=...)`.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sparselift.plans.plan import Plan
-from sparselift.plans.types import TablePlan
+from sparselift.plans.types import Split, TablePlan
 
 # Sharding types as the per-table view abbreviates them.
 SHORT = {
@@ -44,7 +44,7 @@ def rank_elements(plan: Plan) -> list[dict[str, int]]:
     Returns:
         One {"tables": int, "elements": int} per rank, in rank order.
     """
-    fps = {t.name: t for t in plan.model}
+    fps = {t.name: t for t in plan.sharded_tables()}
     out = [{"tables": 0, "elements": 0} for _ in range(plan.topology.world_size)]
     for t in plan.tables:
         fp = fps[t.name]
@@ -81,7 +81,7 @@ def show(plan: Plan) -> str:
         lines.append(
             f"  solver      {plan.solver.get('name', '?')}" + (f" ({facts})" if facts else "")
         )
-    fps = {t.name: t for t in plan.model}
+    fps = {t.name: t for t in plan.sharded_tables()}
     name_w = max(5, *(len(t.name) for t in plan.tables))
     lines += [
         "",
@@ -97,6 +97,7 @@ def show(plan: Plan) -> str:
             f"  {t.name:{name_w}s} {fp.num_embeddings:11,d} {fp.embedding_dim:5d}  "
             f"{SHORT[t.sharding_type]:4s}  {kernel:17s} {_shards(t)}"
         )
+    lines += split_lines(plan)
     per_rank = rank_elements(plan)
     predicted = {p.get("rank"): p for p in (plan.predicted or {}).get("per_rank", []) or []}
     total = sum(r["elements"] for r in per_rank) or 1
@@ -129,6 +130,23 @@ def show(plan: Plan) -> str:
 
 
 STATISTICS_SHOWN = 10  # tables `show` lists of a plan's statistics digest; the file has them all
+
+
+def split_lines(plan: Plan) -> list[str]:
+    """The plan's splits for people, one line each ([] without splits)."""
+    if not plan.splits:
+        return []
+    lines = ["", "splits (virtual tables)"]
+    for s in plan.splits:
+        if s.kind == "hot_cold":
+            what = f"{len(s.hot_ids):,} hot rows in {s.parts[0]}, the rest in {s.parts[1]}"
+        else:
+            word = "rows" if s.kind == "row_ranges" else "cols"
+            what = ", ".join(
+                f"{p} {word} {a}-{b}" for p, (a, b) in zip(s.parts, s.ranges, strict=False)
+            )
+        lines.append(f"  {s.table}: {s.kind}: {what}")
+    return lines
 
 
 def statistics_lines(plan: Plan, limit: int = STATISTICS_SHOWN) -> list[str]:
@@ -190,7 +208,11 @@ def diff(a: Plan, b: Plan) -> list[str]:
         elif model_a[name] != model_b[name]:
             out.append(f"model: table {name!r}: {model_a[name]} -> {model_b[name]}")
     out += [f"model: table {name!r} only in B" for name in model_b if name not in model_a]
-    tables_b = {t.name: t for t in b.tables}
+    out += _split_diff(a, b)
+    tables_a, tables_b = {t.name: t for t in a.tables}, {t.name: t for t in b.tables}
+    if a.splits or b.splits:  # virtual tables come and go with splits
+        out += [f"table {n}: only in A" for n in tables_a if n not in tables_b]
+        out += [f"table {n}: only in B" for n in tables_b if n not in tables_a]
     for x in a.tables:
         y = tables_b.get(x.name)
         if y is None:
@@ -207,3 +229,27 @@ def diff(a: Plan, b: Plan) -> list[str]:
         if changes:
             out.append(f"table {x.name}: " + "; ".join(changes))
     return out
+
+
+def _split_diff(a: Plan, b: Plan) -> list[str]:
+    """One line per model table split differently (or only) in `a` or `b`."""
+    sa, sb = {s.table: s for s in a.splits}, {s.table: s for s in b.splits}
+    out: list[str] = []
+    for table in [t.name for t in a.model] + [t.name for t in b.model if t.name not in sa]:
+        x, y = sa.get(table), sb.get(table)
+        if (
+            x != y
+            and (x is not None or y is not None)
+            and not any(line.startswith(f"split {table}:") for line in out)
+        ):
+            out.append(f"split {table}: {_split_phrase(x)} -> {_split_phrase(y)}")
+    return out
+
+
+def _split_phrase(s: object) -> str:
+    if s is None:
+        return "not split"
+    assert isinstance(s, Split)
+    if s.kind == "hot_cold":
+        return f"hot_cold ({len(s.hot_ids):,} hot rows)"
+    return f"{s.kind} {[list(r) for r in s.ranges]}"

@@ -24,6 +24,7 @@ from torchrec.distributed.types import (
 )
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from sparselift.plans.checkpoint import INNER
 from sparselift.plans.errors import PlanError
 from sparselift.plans.types import CommPrecision, TableFingerprint, TablePlan
 
@@ -39,30 +40,63 @@ class ModelTable(NamedTuple):
 
 
 def model_tables(model: nn.Module) -> list[ModelTable]:
-    """Every table of every EmbeddingBagCollection in `model`, in module then table order."""
+    """Every table of every EmbeddingBagCollection in `model`, in module then table order.
+
+    In a split model these are the tables as sharded: a stand-in's inner collection of virtual
+    tables (`original_tables` gives the tables it stands for).
+    """
     out = []
     for path, m in model.named_modules():
         if isinstance(m, EmbeddingBagCollection):
-            for c in m.embedding_bag_configs():
-                table = TableFingerprint(
-                    name=c.name,
-                    num_embeddings=c.num_embeddings,
-                    embedding_dim=c.embedding_dim,
-                    feature_names=tuple(c.feature_names),
-                )
-                out.append(ModelTable(path, table))
+            out += [ModelTable(path, _fingerprint(c)) for c in m.embedding_bag_configs()]
     return out
 
 
+def original_tables(model: nn.Module) -> list[ModelTable]:
+    """The model's own tables: as `model_tables`, but a split model's stand-ins (VirtualTables)
+    count as the collections they replaced, with their original tables."""
+    from sparselift.plans.rewrite import VirtualTables
+
+    out = []
+    inner: set[str] = set()
+    for path, m in model.named_modules():
+        if isinstance(m, VirtualTables):
+            out += [ModelTable(path, _fingerprint(c)) for c in m.embedding_bag_configs()]
+            inner.add(f"{path}.{INNER}" if path else INNER)
+        elif isinstance(m, EmbeddingBagCollection) and path not in inner:
+            out += [ModelTable(path, _fingerprint(c)) for c in m.embedding_bag_configs()]
+    return out
+
+
+def _fingerprint(c: Any) -> TableFingerprint:
+    return TableFingerprint(
+        name=c.name,
+        num_embeddings=c.num_embeddings,
+        embedding_dim=c.embedding_dim,
+        feature_names=tuple(c.feature_names),
+    )
+
+
 def _table_paths(plan: Plan, model: nn.Module | None) -> dict[str, str]:
-    """Table name → EmbeddingBagCollection path: from `model`, else the plan's `module` (or "")."""
+    """Table name → EmbeddingBagCollection path: from `model`, else the plan's `module` (or "";
+    a split table's parts live in the stand-in's inner collection, `<module>.virtual`)."""
     if model is None:
-        return {t.name: plan.module or "" for t in plan.model}
+        split = {p for s in plan.splits for p in s.parts}
+        split |= {t.name for t in plan.model if plan.splits}  # the whole collection moves
+        base = plan.module or ""
+        inner = f"{base}.{INNER}" if base else INNER
+        return {t.name: inner if t.name in split else base for t in plan.sharded_tables()}
     paths = {found.table.name: found.path for found in model_tables(model)}
     missing = [t.name for t in plan.tables if t.name not in paths]
     if missing:
+        hint = (
+            " (a plan with splits needs the split model: plan.rewrite(model), or plan.apply)"
+            if plan.splits
+            else ""
+        )
         raise PlanError(
-            plan.source, [f"table {n!r} is in the plan but not in the model" for n in missing]
+            plan.source,
+            [f"table {n!r} is in the plan but not in the model{hint}" for n in missing],
         )
     return paths
 
@@ -149,6 +183,11 @@ def pipeline_class(name: str) -> type:
 def apply(plan: Plan, model: nn.Module, pg: Any, device: torch.device) -> Any:
     """Fail closed: check model, world size and device kind first, then build the DMP model.
 
+    A plan with splits rewrites `model` first (`rewrite.rewrite`: its collections with split
+    tables become VirtualTables, in place), trains its data-parallel parts with their tables'
+    row-wise Adagrad (`replicated.install`) and refuses untransformed batches at the first
+    input distribution (`rewrite.guard_input_dist`).
+
     Returns:
         The DistributedModelParallel of `model` sharded as planned.
     Raises:
@@ -156,6 +195,9 @@ def apply(plan: Plan, model: nn.Module, pg: Any, device: torch.device) -> Any:
     """
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
+
+    from sparselift.plans.replicated import install, replicated_tables
+    from sparselift.plans.rewrite import guard_input_dist, rewrite, rewrite_problems
 
     device = torch.device(device)
     problems = []
@@ -165,15 +207,23 @@ def apply(plan: Plan, model: nn.Module, pg: Any, device: torch.device) -> Any:
         plan.check(model, pg.size())
     except PlanError as e:
         problems = e.problems + problems
+    if not problems and plan.splits:
+        problems = rewrite_problems(plan, model)
     if problems:
         raise PlanError(plan.source, problems)
-    return DistributedModelParallel(
+    model = rewrite(plan, model)
+    replicated = replicated_tables(plan, model)
+    dmp = DistributedModelParallel(
         model,
         env=ShardingEnv.from_process_group(pg),
         device=device,
         plan=sharding_plan(plan, model, device.type),
         sharders=sharders(plan, device),
     )
+    if plan.splits:
+        install(dmp, replicated, pg)
+        guard_input_dist(dmp, plan)
+    return dmp
 
 
 class SparseLiftPlanLoader(PlanLoader):
@@ -189,7 +239,7 @@ class SparseLiftPlanLoader(PlanLoader):
         """Serve `plan`; module paths from `model` if given (PlanError if it lacks a table)."""
         self._plan = plan
         self._paths = _table_paths(plan, model)
-        self._fingerprints = {t.name: t for t in plan.model}
+        self._fingerprints = {t.name: t for t in plan.sharded_tables()}
 
     def get_plan_id(self) -> str:
         """The plan's source file, as TorchRec's planner logs it."""

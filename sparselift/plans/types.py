@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FORMAT = "sparselift-plan"
-VERSION = 1
+VERSION = 2  # the newest plan format this package reads and writes
+VERSION_WITHOUT_SPLITS = 1  # a plan without splits is written as version 1, as before splits
 DEFAULT_CACHE_LOAD_FACTOR = 0.2  # the UVM cache size TorchRec and FBGEMM use when none is given
 
 # The largest model and job a plan describes. Far beyond today's largest tables and jobs, small
@@ -126,3 +127,29 @@ class CommPrecision:
 
     forward: str = "fp32"
     backward: str = "fp32"
+
+
+SPLIT_KINDS = ("hot_cold", "row_ranges", "column_slices")
+
+
+@dataclass(frozen=True)
+class Split:
+    """A model table rewritten as virtual tables, each sharded on its own (plan format 2).
+
+    Attributes:
+        table: the model table split (a `TableFingerprint.name` of the plan's model).
+        kind: "hot_cold" (`parts` = (hot, cold): the rows `hot_ids` become a small table, the
+            hot part; the cold part keeps the table's every row, its hot rows never looked up),
+            "row_ranges" (part i holds rows `ranges[i]` of the table, ids shifted to start at 0)
+            or "column_slices" (part i holds columns `ranges[i]`, every row; each id is looked up
+            in every part and the pooled slices are concatenated).
+        parts: the virtual tables' names, in the order above.
+        hot_ids: hot_cold only: the table rows of the hot part, in the hot part's row order.
+        ranges: row_ranges / column_slices only: [start, end) per part, tiling the rows (columns).
+    """
+
+    table: str
+    kind: str
+    parts: tuple[str, ...]
+    hot_ids: tuple[int, ...] = ()
+    ranges: tuple[tuple[int, int], ...] = ()

@@ -1,7 +1,8 @@
 """What each rank of a run does: build, shard, train and time the workload (`train_rank`).
 
 Runs inside a launched rank (`worker.py`), with the torch.distributed environment set. A hook
-(`TrainConfig.hook`) sees a `RankContext` and is called around every step.
+(`TrainConfig.hook`) sees a `RankContext` and is called around every step. A plan with splits
+shards the split model (`Plan.apply`) and its batches pass through the plan's batch transform.
 """
 
 from __future__ import annotations
@@ -165,6 +166,10 @@ def train_rank(cfg: TrainConfig) -> RankResult:
     hook = load_hook(cfg, ctx)
     total = cfg.warmup + cfg.steps
     batches = made_ahead(batches_for_rank(cfg, spec, rank, world), total + PIPELINE_DEPTH)
+    if plan is not None and plan.splits:
+        # the split model takes each batch with its split features on their virtual tables;
+        # transformed as drawn, inside the step, as a trainer's loader in the main process does
+        batches = plan.transform_loader(batches)
 
     times = []
     every = max(1, total // 10)
