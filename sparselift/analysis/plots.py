@@ -168,7 +168,7 @@ def timeline(nodes: pd.DataFrame, step: int | None = None) -> hv.Segments:
 def plan_table_bytes(plan: Any, bytes_per_value: int = 4) -> pd.DataFrame:
     """Bytes of each table's weights on each rank (data-parallel tables are whole on every rank)."""
     rows = []
-    dims = {t.name: t for t in plan.model}
+    dims = {t.name: t for t in plan.sharded_tables()}  # a split table's parts, as sharded
     for t in plan.tables:
         if t.sharding_type == "data_parallel":
             f = dims[t.name]
