@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -75,7 +76,7 @@ def run_profile(args: argparse.Namespace) -> int:
     """
     from sparselift.errors import UserError
     from sparselift.profiler.outdir import prepare_out_dir
-    from sparselift.workloads.harness import MAX_STEPS, run_training
+    from sparselift.workloads.harness import MAX_STEPS, launched_externally, run_training
 
     if not 0 <= args.after <= MAX_STEPS:
         raise UserError(f"--after must be in 0..{MAX_STEPS:,}, got {args.after:,}")
@@ -99,13 +100,23 @@ def run_profile(args: argparse.Namespace) -> int:
     )
     cfg.steps = args.steps + max(args.after, args.steady_steps)
     cfg.validate()  # bad input is refused before the directory is created or emptied
-    out = prepare_out_dir(args.out, args.force)
-    if args.force:
-        for pattern in OUR_FILES:
-            for f in out.glob(pattern):
-                if f.is_file():
-                    f.unlink()
-    result = run_training(cfg)
+    # Only the host of rank 0 writes: the other ranks stream their traces to it.
+    here = os.environ.get("RANK", "0") == "0" if launched_externally() else cfg.node_rank == 0
+    out = Path(args.out).resolve()
+    if here:
+        out = prepare_out_dir(args.out, args.force)
+        if args.force:
+            _remove_ours(out)
+    try:
+        result = run_training(cfg)
+    except BaseException:
+        if here:  # a failed run leaves no partial profile (the directory was empty or forced)
+            _remove_ours(out)
+        raise
+    if not here:
+        if not launched_externally():
+            print(f"node {cfg.node_rank}: done; the profile is on node 0, in its --out")
+        return 0
     errors = [
         e for r in result.ranks for e in (f"rank {r.rank}: {x}" for x in r.extra.get("errors", []))
     ]
@@ -128,11 +139,19 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remove_ours(out: Path) -> None:
+    """Remove what a profile run writes (OUR_FILES) from `out`."""
+    for pattern in OUR_FILES:
+        for f in out.glob(pattern):
+            if f.is_file():
+                f.unlink()
+
+
 def command_line(args: argparse.Namespace) -> list[str]:
     """The command as parsed (every flag spelled out), so it reruns the same profile."""
     cmd = ["sparselift", "profile"]
     for key, value in vars(args).items():
-        if key in ("command", "run", "force") or value is None or value is False:
+        if key in ("command", "run", "force", "node_rank") or value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
         cmd += [flag] if value is True else [flag, str(value)]

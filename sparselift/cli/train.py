@@ -17,6 +17,7 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
         "(format: `sparselift workloads --format`)",
     )
     p.add_argument("--nproc", type=int, default=2, help="ranks to launch on this host (default 2)")
+    add_node_args(p)
     p.add_argument("--steps", type=int, default=30, help="measured steps (default %(default)s)")
     p.add_argument("--warmup", type=int, default=5, help="steps before measuring (default 5)")
     p.add_argument(
@@ -38,6 +39,26 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=0, help="seeds the model and the batches (0..4294967295)"
     )
     p.add_argument("--device", choices=DEVICES, default="auto")
+
+
+def add_node_args(p: argparse.ArgumentParser) -> None:
+    """torchrun's multi-node flags: every host runs the same command with its --node-rank."""
+    from sparselift.workloads.launch import DEFAULT_RDZV_TIMEOUT_S
+
+    g = p.add_argument_group("several hosts (as torchrun; unneeded under torchrun or srun)")
+    g.add_argument("--nnodes", type=int, default=1, help="hosts, --nproc ranks each (default 1)")
+    g.add_argument("--node-rank", type=int, default=0, help="this host's index (0: the first)")
+    g.add_argument(
+        "--rdzv-endpoint", default=None, metavar="HOST:PORT", help="node 0's rendezvous address"
+    )
+    g.add_argument("--rdzv-id", default=None, help="the job's id, the same on every host")
+    g.add_argument(
+        "--rdzv-timeout",
+        type=int,
+        default=DEFAULT_RDZV_TIMEOUT_S,
+        metavar="S",
+        help="seconds to wait for every host at the rendezvous (default %(default)s)",
+    )
 
 
 def config_from_args(
@@ -62,6 +83,11 @@ def config_from_args(
         seed=args.seed,
         device=args.device,
         plan=plan,
+        nnodes=getattr(args, "nnodes", 1),
+        node_rank=getattr(args, "node_rank", 0),
+        rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
+        rdzv_id=getattr(args, "rdzv_id", None),
+        rdzv_timeout_s=getattr(args, "rdzv_timeout", 120),
         **extra,
     )
 
@@ -93,11 +119,13 @@ def run_train(args: argparse.Namespace) -> int:
         RankFailed: a rank failed.
     """
     from sparselift.atomic import check_writable, write_json
-    from sparselift.workloads.harness import run_training
+    from sparselift.workloads.harness import reports_here, run_training
 
     if args.json:
         check_writable(args.json)
     result = run_training(config_from_args(args, plan=args.plan, progress=True))
+    if not reports_here():
+        return 0
     print(result.summary())
     if args.json:
         write_json(args.json, result.to_json())

@@ -14,6 +14,9 @@ rank's) came later: a manifest without it reads as `[]`, no steady steps timed.
 files.hot_ids (the hot-id file's name, null where it was not written) and each table's hot_ids
 (`hot_ids.HotIds.summary`: what the file's rows of that table are a part of; null where not
 recorded) came later too: a manifest without them has no hot ids (`hot_ids.read_hot_ids`).
+hosts[rank] (each rank's host name; ranks per host = local_world_size) and missing_ranks[] (ranks
+whose trace did not reach the profile directory: not written, over the per-rank cap, or cut off)
+came with multi-host profiles: a manifest without them reads as unknown hosts and none missing.
 """
 
 from __future__ import annotations
@@ -133,6 +136,8 @@ class ProfileFacts:
     steady_step_s: list[float] = field(default_factory=list)  # after the window, slowest rank
     comm_precision: dict[str, str] | None = None  # pooled collectives' {forward, backward}
     hot_ids: str | None = None  # hot_ids.parquet where rank 0 wrote it, else None
+    hosts: list[str] = field(default_factory=list)  # each rank's host name, in rank order
+    missing_ranks: list[int] = field(default_factory=list)  # ranks whose trace is not in files
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

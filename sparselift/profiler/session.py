@@ -10,7 +10,10 @@ or `profile_pipeline(pipeline, "prof/", ...)` around a TorchRec TrainPipeline, o
 
 Steps before the window run untouched. At the first profiled step the session starts
 torch.profiler and wraps the sharded modules' `input_dist`; after the last it stops, unwraps, writes
-this rank's trace, and gathers every rank's access statistics on rank 0, which writes
+this rank's trace (rank 0 into `out_dir`, the others into a private temp directory: no shared
+filesystem is needed), streams every rank's trace to rank 0 (`gather.gather_files`; a rank whose
+trace did not arrive is named in the manifest's `missing_ranks`), gathers every rank's access
+statistics on rank 0, which writes
 `hot_ids.parquet` (each table's hottest ids over the window, `hot_ids.py`; always rank 0 itself,
 like the traces: too large to hand back), then `access_stats.parquet` and `manifest.json` (unless
 `write_files=False`: then `finish()` hands those to the caller). Then it times `steady_steps` more
@@ -28,7 +31,10 @@ stop training: every failure is caught, warned about once, and listed in `errors
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -46,7 +52,7 @@ from sparselift.profiler.access_stats import (
     rank_table_steps,
     table_histograms,
 )
-from sparselift.profiler.gather import gather_to_rank0
+from sparselift.profiler.gather import gather_files, gather_to_rank0
 from sparselift.profiler.hot_ids import HOT_IDS, record_hot_ids
 from sparselift.profiler.manifest import (
     ProfileFacts,
@@ -70,6 +76,7 @@ class RankReport:
     files: list[str]
     errors: list[str]
     table_steps: list[TableStep] = field(default_factory=list)
+    host: str = ""
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -168,9 +175,11 @@ class ProfileSession:
         self._facts: ProfileFacts | None = None  # rank 0, after the window
         self._steady = SteadyTimer(steady_steps, self.device)
         self._steady_open = False  # timing steady steps: the window closed at its last step
-        self._guard(
-            lambda: self.out_dir.mkdir(parents=True, exist_ok=True), f"creating {self.out_dir}"
-        )
+        self._trace_dir = self.out_dir  # rank 0's; the others' traces are sent to it
+        if self.rank == 0:
+            self._guard(
+                lambda: self.out_dir.mkdir(parents=True, exist_ok=True), f"creating {self.out_dir}"
+            )
 
     # ---------------------------------------------------------- the protocol the harness calls
 
@@ -273,7 +282,9 @@ class ProfileSession:
 
     def _open(self) -> None:
         self._recorder.attach()
-        self._trace = TraceRecorder(self.out_dir, self.rank, self.device, self.execution_trace)
+        if self.rank != 0:
+            self._trace_dir = Path(tempfile.mkdtemp(prefix=f"sparselift-rank{self.rank}-"))
+        self._trace = TraceRecorder(self._trace_dir, self.rank, self.device, self.execution_trace)
         self._trace.start()
 
     def _close(self) -> None:
@@ -283,7 +294,7 @@ class ProfileSession:
         if self._trace is not None:
             trace = self._trace
             self._guard(trace.stop, "stopping the profiler")
-            written = self._guard(trace.write, f"writing traces to {self.out_dir}")
+            written = self._guard(trace.write, f"writing traces to {self._trace_dir}")
             if written is None:
                 self._guard(trace.discard, "removing temp files")
             self.files = written or []
@@ -305,12 +316,38 @@ class ProfileSession:
             files=self.files,
             errors=list(self.errors),
             table_steps=steps,
+            host=socket.gethostname(),
         )
         reports = self._guard(lambda: gather_to_rank0(report), "gathering ranks on rank 0")
+        self._gather_traces(reports)
         if self.rank == 0 and reports:
             self._guard(lambda: self._rank0(reports), "merging access statistics")
         # Leave the window together: otherwise the other ranks' next step waits out rank 0's merge.
         self._guard(_barrier, "leaving the window")
+
+    def _gather_traces(self, reports: list[RankReport] | None) -> None:
+        """Stream the other ranks' trace files into rank 0's directory. Afterwards a rank's
+        `files` are those that arrived; a rank whose trace did not is warned and, on rank 0,
+        named in `errors`."""
+        paths = [self._trace_dir / f for f in self.files]
+        got = self._guard(lambda: gather_files(paths, self.out_dir), "sending traces to rank 0")
+        if self.rank != 0:
+            shutil.rmtree(self._trace_dir, ignore_errors=True)
+            if got is not None:
+                names, why = got.get(self.rank, ([], None))
+                if self.files and trace_name(self.rank) not in names:
+                    self._guard(
+                        lambda: _raise(OSError(why)), f"writing traces to {self.out_dir} on rank 0"
+                    )
+                self.files = names
+            return
+        for r in reports or []:
+            if r.rank == 0:
+                continue
+            names, why = got.get(r.rank, ([], "not received")) if got else ([], "not received")
+            r.files = names
+            if trace_name(r.rank) not in names:
+                self.errors.append(f"rank {r.rank}'s trace is missing: {why or 'not written'}")
 
     def _end_steady(self) -> None:
         """Meet the other ranks once with the steady steps; rank 0 rewrites the manifest."""
@@ -358,6 +395,8 @@ class ProfileSession:
             gpu=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
             comm_precision=self.comm_precision,
             hot_ids=HOT_IDS if hot is not None else None,
+            hosts=[r.host for r in reports],
+            missing_ranks=[r.rank for r in reports if trace_name(r.rank) not in r.files],
         )
         self._facts = facts
         self.result = dict(rows=rows, facts=asdict(facts))
@@ -366,6 +405,10 @@ class ProfileSession:
                 lambda: write_profile(self.out_dir, rows, facts),
                 f"writing the profile to {self.out_dir}",
             )
+
+
+def _raise(e: Exception) -> None:
+    raise e
 
 
 def write_profile(out_dir: Path, rows: list[dict[str, Any]], facts: ProfileFacts) -> None:

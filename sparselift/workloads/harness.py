@@ -5,6 +5,11 @@ it validates inputs in the calling process (so bad input fails before any rank s
 the ranks (`launch.py`), and turns their per-rank results into a `TrainResult`. What each rank
 runs is `rank.train_rank`; a `hook` (an importable "module:factory") lets another stage — the
 profiler — observe the steps without the harness importing it.
+
+On several hosts every host runs the same command with its `node_rank` (torchrun's flags); every
+host's `run_training` returns the whole run's result. Started by an external launcher instead
+(torchrun, or SLURM's srun: `launched_externally`), the calling process is itself one rank and
+trains in place.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class TrainConfig:
         hook: "module:factory" called with a RankContext on every rank (see docs/CONTRACTS.md).
         hook_args: keyword arguments of the hook factory (JSON-able).
         progress: rank 0 reports steps on stdout as they finish.
+        nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout_s: the hosts (`launch.Nodes`);
+            `nproc` ranks run on each.
     """
 
     workload: str
@@ -72,6 +79,24 @@ class TrainConfig:
     hook: str | None = None
     hook_args: dict[str, Any] = field(default_factory=dict)
     progress: bool = False
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_timeout_s: int = 120
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the whole run: `nproc` on each of `nnodes` hosts."""
+        return self.nproc * self.nnodes
+
+    def nodes(self) -> Any:
+        """The hosts, as `launch.Nodes`."""
+        from sparselift.workloads.launch import Nodes
+
+        return Nodes(
+            self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_id, self.rdzv_timeout_s
+        )
 
     def validate(self) -> WorkloadSpec:
         """Check everything that can be checked before ranks start.
@@ -87,6 +112,7 @@ class TrainConfig:
         _check_range("--steps", self.steps, 1, MAX_STEPS)
         _check_range("--warmup", self.warmup, 0, MAX_STEPS)
         _check_range("--seed", self.seed, 0, MAX_SEED)
+        self.nodes().validate()
         if self.pipeline is not None and self.pipeline not in PIPELINES:
             raise UserError(
                 f"--pipeline must be one of {', '.join(PIPELINES)}, got {self.pipeline!r}"
@@ -104,7 +130,7 @@ class TrainConfig:
         if self.plan is not None:
             from sparselift import plans
 
-            plans.load(self.plan).check_spec(capped.fingerprints(), self.nproc)
+            plans.load(self.plan).check_spec(capped.fingerprints(), self.world_size)
         return spec
 
 
@@ -196,7 +222,10 @@ class TrainResult:
 
 
 def run_training(cfg: TrainConfig) -> TrainResult:
-    """Train `cfg` on `cfg.nproc` local ranks and return the steady-state figures.
+    """Train `cfg` on `cfg.nproc` local ranks (of each host) and return the steady-state figures.
+
+    Inside an external launcher (`launched_externally`) this process is one rank: it trains in
+    place, `nproc` and the hosts come from the launcher's environment.
 
     The ranks start with glibc malloc's thresholds fixed (`rank_malloc_env`), so a step's time
     does not depend on what the rank allocated and freed before it.
@@ -207,19 +236,119 @@ def run_training(cfg: TrainConfig) -> TrainResult:
     """
     from sparselift.workloads.launch import launch
 
+    if launched_externally():
+        return _run_in_place(cfg)
     spec = cfg.validate()
     with tempfile.TemporaryDirectory(prefix="sparselift-run-") as tmp:
         cfg_path = Path(tmp, "config.json")
         cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
         with rank_malloc_env():
-            launch(cfg.nproc, "sparselift.workloads.worker", [str(cfg_path), tmp])
+            launch(
+                cfg.nproc, "sparselift.workloads.worker", [str(cfg_path), tmp], nodes=cfg.nodes()
+            )
         ranks = []
-        for r in range(cfg.nproc):
+        for r in range(cfg.world_size):
             path = Path(tmp, f"rank{r}.json")
             if not path.exists():
                 raise RuntimeError(f"rank {r} exited without writing its result")
             ranks.append(RankResult(**json.loads(path.read_text())))
     return train_result(cfg, spec, ranks)
+
+
+def launched_externally() -> bool:
+    """Whether this process is a rank another launcher started: torchrun (TORCHELASTIC_RUN_ID)
+    or SLURM's srun with more than one task (SLURM_STEP_ID, SLURM_NTASKS > 1)."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ:
+        return True
+    return "SLURM_STEP_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1
+
+
+def _slurm_env() -> None:
+    """torch.distributed's env variables from SLURM's (MASTER_ADDR must be set, e.g. to the
+    first host of `scontrol show hostnames`); kept where already set.
+
+    Raises:
+        UserError: MASTER_ADDR is not set.
+    """
+    if "RANK" in os.environ:
+        return
+    if "MASTER_ADDR" not in os.environ:
+        raise UserError("under srun, set MASTER_ADDR to node 0's host (and MASTER_PORT)")
+    local = os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]
+    os.environ.update(
+        RANK=os.environ["SLURM_PROCID"],
+        WORLD_SIZE=os.environ["SLURM_NTASKS"],
+        LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"),
+        LOCAL_WORLD_SIZE=local,
+        GROUP_RANK=os.environ.get("SLURM_NODEID", "0"),
+    )
+    os.environ.setdefault("MASTER_PORT", "29500")
+
+
+def _run_in_place(cfg: TrainConfig) -> TrainResult:
+    """This process is one rank of an external launch: run that rank, gather every rank's result.
+
+    The rank runs in a child process (`worker.py`, this process's environment, malloc thresholds
+    fixed as the built-in launcher's ranks have them), so it ends as a launched rank does.
+
+    Raises:
+        UserError: bad input, or the hosts disagree.
+        RankFailed: this rank failed (with another host's error where that came first).
+    """
+    import subprocess
+    import sys
+
+    from sparselift.workloads.launch import failure_error, recorded_error
+
+    _slurm_env()
+    rank = int(os.environ["RANK"])
+    cfg.nproc = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    cfg.nnodes = max(1, int(os.environ["WORLD_SIZE"]) // cfg.nproc)
+    cfg.node_rank = int(os.environ.get("GROUP_RANK", rank // cfg.nproc))
+    cfg.rdzv_endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    spec = cfg.validate()
+    store = None
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0:
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        # rank 0 hosts the store (torchelastic's agent would); the ranks join it as clients
+        store = TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=cfg.rdzv_timeout_s),
+        )
+    with tempfile.TemporaryDirectory(prefix="sparselift-rank-") as tmp:
+        cfg_path, error_file = Path(tmp, "config.json"), Path(tmp, "error.json")
+        cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
+        env = dict(
+            os.environ,
+            TORCHELASTIC_USE_AGENT_STORE="True",
+            TORCHELASTIC_ERROR_FILE=str(error_file),
+            SPARSELIFT_RDZV_TIMEOUT_S=str(cfg.rdzv_timeout_s),
+            SPARSELIFT_ALL_RESULTS="1",
+        )
+        with rank_malloc_env():
+            env.setdefault("GLIBC_TUNABLES", os.environ.get("GLIBC_TUNABLES", MALLOC_TUNABLES))
+            worker = [sys.executable, "-m", "sparselift.workloads.worker", str(cfg_path), tmp]
+            code = subprocess.run(worker, env=env).returncode
+        del store
+        if code != 0:
+            raise failure_error([(rank, recorded_error(str(error_file), code))])
+        ranks = [
+            RankResult(**json.loads(Path(tmp, f"rank{r}.json").read_text()))
+            for r in range(cfg.world_size)
+        ]
+    return train_result(cfg, spec, ranks)
+
+
+def reports_here() -> bool:
+    """Whether this process prints the run's result: not a rank of an external launch other
+    than global rank 0."""
+    return not launched_externally() or os.environ.get("RANK", "0") == "0"
 
 
 @contextlib.contextmanager
