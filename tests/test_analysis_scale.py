@@ -5,6 +5,7 @@ Speed and memory at scale are measured in benchmarks/bench_analysis_scale.py, no
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 import subprocess
 import sys
@@ -176,3 +177,26 @@ def test_benchmark_quick_runs(tmp_path):
     )
     assert "MB/s/core" in r.stdout and "extrapolated to 128 ranks x 50 MB" in r.stdout
     assert "streaming (parse_trace_file)" in r.stdout
+
+
+def _without_rank1(tmp_path: Path) -> Path:
+    d = tmp_path / "gone"
+    shutil.copytree(FIX / "profile_tiny_table_wise", d)
+    (d / "rank1.trace.json.gz").unlink()
+    m = json.loads((d / "manifest.json").read_text())
+    m["missing_ranks"] = [1]
+    m["files"]["traces"] = m["files"]["traces"][:1]
+    (d / "manifest.json").write_text(json.dumps(m))
+    return d
+
+
+def test_a_missing_rank_is_refused_unless_allowed(tmp_path, capsys):
+    d = _without_rank1(tmp_path)
+    assert main(["analyze", str(d), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rank(s) 1" in err[0] and "--allow-missing-ranks" in err[0]
+    assert not (tmp_path / "o").exists()
+    a = analyze(d, cache=False, allow_missing_ranks=True)
+    assert set(a.nodes["rank"]) == {0} and set(a.steps["rank"]) == {0}
+    assert a.calibration.provenance.manifest["missing_ranks"] == [1]
+    assert main(["analyze", str(d), "--out", str(tmp_path / "o"), "--allow-missing-ranks"]) == 0

@@ -42,6 +42,7 @@ MANIFEST_FIELDS = (
     "batch_size",
     "pipeline",
     "profiled_steps",
+    "missing_ranks",
 )
 
 

@@ -61,6 +61,7 @@ def analyze(
     cache: bool = True,
     progress: Callable[[str], None] | None = None,
     workers: int | None = None,
+    allow_missing_ranks: bool = False,
 ) -> Analysis:
     """Parse, rebuild and calibrate the profile directory `path`.
 
@@ -69,6 +70,8 @@ def analyze(
         cache: read and write the per-rank parsed-trace cache (Parquet beside the traces).
         progress: called with one line per parsed trace, if given.
         workers: processes that parse the rank traces (None: one per core, at most one per rank).
+        allow_missing_ranks: analyze the ranks whose traces are there (`profile.load_profile`);
+            the calibration's manifest keeps the run's `missing_ranks`.
 
     Returns:
         The Analysis; nothing is written.
@@ -76,18 +79,25 @@ def analyze(
     Raises:
         UserError: the directory is not a complete profile, or a rank has no sparse-path events.
     """
-    prof = load_profile(path, cache=cache, progress=progress, workers=workers)
-    graph = build_graph(prof.traces, prof.plan_tables)
+    prof = load_profile(
+        path,
+        cache=cache,
+        progress=progress,
+        workers=workers,
+        allow_missing_ranks=allow_missing_ranks,
+    )
+    graph = build_graph(prof.traces, prof.plan_tables, prof.ranks)
     sparse = graph.nodes["stage"].isin(SPARSE_STAGES)
-    for rank, tr in enumerate(prof.traces):
+    for rank, tr in zip(prof.ranks, prof.traces, strict=True):
         if not (sparse & (graph.nodes["rank"] == rank)).any():
             raise UserError(
                 f"{tr.path}: no sparse-path events (no TorchRec input_dist / lookup / output_dist "
                 f"annotations in the profiled steps)"
             )
     summary = summarize(graph.nodes, graph.steps)
+    manifest = {**prof.manifest, "missing_ranks": prof.missing_ranks}
     evidence = profile_evidence(
-        graph.nodes, graph.steps, prof.manifest, str(path), prof.access_stats, prof.plan_tables
+        graph.nodes, graph.steps, manifest, str(path), prof.access_stats, prof.plan_tables
     )
     return Analysis(
         nodes=graph.nodes,

@@ -13,7 +13,7 @@ import resource
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,7 +36,7 @@ class Profile:
     Attributes:
         path: the directory.
         manifest: manifest.json's object.
-        traces: one per rank, index = rank.
+        traces: one per rank analyzed, in rank order (`ranks[i]` is `traces[i]`'s rank).
         access_stats: access_stats.parquet (one row per table, rank and step), if present.
         plan_tables: the plan in force, one row per shard (`plan_tables`).
         parse: what parsing the traces cost.
@@ -48,6 +48,12 @@ class Profile:
     access_stats: pd.DataFrame | None
     plan_tables: pd.DataFrame
     parse: ParseStats | None = None
+    ranks: list[int] = field(default_factory=list)
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """The ranks of the run whose traces were left out (`allow_missing_ranks`)."""
+        return sorted(set(range(int(self.manifest["world_size"]))) - set(self.ranks))
 
 
 class StepSpan(NamedTuple):
@@ -199,21 +205,23 @@ def _parse_one(path: Path, cache: bool, rank: int) -> tuple[Trace, float]:
     return tr, _rss_mib()
 
 
-def _load_traces(paths: list[Path], cache: bool, workers: int) -> tuple[list[Trace], float | None]:
-    """Each path's Trace in order, with its nodes, in `workers` processes (1: here); and the
-    workers' largest peak RSS (None with one).
+def _load_traces(
+    paths: list[Path], cache: bool, workers: int, ranks: list[int]
+) -> tuple[list[Trace], float | None]:
+    """Each path's Trace in order (rank `ranks[i]`), with its nodes, in `workers` processes (1:
+    here); and the workers' largest peak RSS (None with one).
 
     A failing rank raises its error, the lowest rank's first; ranks not yet started are dropped.
     """
     if workers == 1:
-        return [_parse_one(p, cache, r)[0] for r, p in enumerate(paths)], None
+        return [_parse_one(p, cache, r)[0] for r, p in zip(ranks, paths, strict=True)], None
     # fork: a worker starts with the trace module imported and needs no importable __main__
     # (scripts and notebooks without a main guard); it only parses, so the threads a fork
     # leaves behind are not missed
     fork = "fork" in multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if fork else None)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_parse_one, p, cache, r) for r, p in enumerate(paths)]
+        futures = [pool.submit(_parse_one, p, cache, r) for r, p in zip(ranks, paths, strict=True)]
         try:
             done = [f.result() for f in futures]
         except BaseException:
@@ -223,11 +231,24 @@ def _load_traces(paths: list[Path], cache: bool, workers: int) -> tuple[list[Tra
     return [t for t, _ in done], max(m for _, m in done)
 
 
+def missing_ranks(d: Path, manifest: dict[str, Any]) -> list[int]:
+    """The ranks whose trace the profiler could not bring in (the manifest's `missing_ranks`)
+    or that is absent from the directory."""
+    listed = {int(r) for r in manifest.get("missing_ranks") or []}
+    absent = {
+        r
+        for r in range(int(manifest["world_size"]))
+        if not any((d / f"rank{r}.trace.json{z}").is_file() for z in (".gz", ""))
+    }
+    return sorted(listed | absent)
+
+
 def load_profile(
     path: str | Path,
     cache: bool = True,
     progress: Callable[[str], None] | None = None,
     workers: int | None = None,
+    allow_missing_ranks: bool = False,
 ) -> Profile:
     """Read and cross-check a profile directory, parsing the ranks' traces in parallel.
 
@@ -241,26 +262,41 @@ def load_profile(
         cache: read and write the parsed-trace cache beside the traces.
         progress: called with one line per trace before it is parsed, and a last line with
             `ParseStats.line`, if given.
-        workers: processes to parse with (`worker_count`: default the context's, else the cores).
+        workers: processes to parse with (`worker_count`: default the cores).
+        allow_missing_ranks: analyze the ranks whose traces are there, leaving out those the
+            manifest names missing or whose file is absent (at least one rank must remain).
     Raises:
         UserError: names the first bad file (missing, corrupt, from another rank or run), or
-            `workers` below 1.
+            `workers` below 1; a missing rank's trace, unless allowed (naming the ranks).
     """
     d = Path(path)
     if not d.is_dir():
         raise UserError(f"{d}: not a directory")
     m = read_manifest(d)
     world = m["world_size"]
-    n = worker_count(world, workers)
-    paths = [trace_path(d, r, m) for r in range(world)]
+    gone = missing_ranks(d, m)
+    if gone and not allow_missing_ranks:
+        listed = m.get("missing_ranks") or []
+        if listed:  # the profiler said so: name them all, and the way out
+            raise UserError(
+                f"{d / 'manifest.json'}: the traces of rank(s) {', '.join(map(str, gone))} are "
+                "missing (see its errors); --allow-missing-ranks analyzes the others"
+            )
+    ranks = (
+        [r for r in range(world) if r not in gone] if allow_missing_ranks else list(range(world))
+    )
+    if not ranks:
+        raise UserError(f"{d}: no rank's trace is there to analyze")
+    n = worker_count(len(ranks), workers)
+    paths = [trace_path(d, r, m) for r in ranks]
     sizes = [p.stat().st_size / 2**20 for p in paths]
     if progress is not None:
-        for r, (p, size) in enumerate(zip(paths, sizes, strict=True)):
-            progress(f"parsing trace {r + 1}/{world}: {p.name} ({size:.1f} MiB)")
+        for i, (p, size) in enumerate(zip(paths, sizes, strict=True)):
+            progress(f"parsing trace {i + 1}/{len(ranks)}: {p.name} ({size:.1f} MiB)")
     t0 = time.perf_counter()
-    traces, worker_rss = _load_traces(paths, cache, n)
-    stats = ParseStats(world, sum(sizes), time.perf_counter() - t0, n, _rss_mib(), worker_rss)
-    for r, (p, tr) in enumerate(zip(paths, traces, strict=True)):
+    traces, worker_rss = _load_traces(paths, cache, n, ranks)
+    stats = ParseStats(len(ranks), sum(sizes), time.perf_counter() - t0, n, _rss_mib(), worker_rss)
+    for r, p, tr in zip(ranks, paths, traces, strict=True):
         if tr.rank is not None and tr.rank != r:
             raise UserError(
                 f"{p}: is rank {tr.rank}'s trace, expected rank {r} "
@@ -288,6 +324,7 @@ def load_profile(
         access_stats=access,
         plan_tables=plan_tables(m),
         parse=stats,
+        ranks=ranks,
     )
 
 

@@ -323,19 +323,22 @@ def _main_rows(
     return rows
 
 
-def build_graph(traces: list[Trace], plan_tables: pd.DataFrame | None = None) -> Graph:
+def build_graph(
+    traces: list[Trace], plan_tables: pd.DataFrame | None = None, ranks: list[int] | None = None
+) -> Graph:
     """Every rank's nodes with tables and x, collectives paired across ranks, and the edges.
 
     Args:
-        traces: one per rank, index = rank; a trace's `rank_nodes`, made in parallel where it
-            was parsed, are used as they are.
+        traces: one per rank analyzed; a trace's `rank_nodes`, made in parallel where it was
+            parsed, are used as they are.
         plan_tables: the plan in force, one row per shard (`profile.plan_tables`); None or empty:
             nodes get no tables and lookups no x.
+        ranks: each trace's rank (None: index = rank).
     Returns:
         The Graph, nodes sorted by rank, step and start, numbered by `node_id`.
     """
     all_nodes, all_steps, problems = [], [], []
-    for r, tr in enumerate(traces):
+    for r, tr in zip(ranks if ranks is not None else range(len(traces)), traces, strict=True):
         made = tr.rank_nodes
         one: RankNodes = made[1] if made is not None and made[0] == r else rank_nodes(tr, r)
         all_nodes.append(one.nodes)

@@ -52,6 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="processes parsing the ranks' traces (default: one per core, at most one per rank)",
     )
+    p.add_argument(
+        "--allow-missing-ranks",
+        action="store_true",
+        help="analyze the ranks whose traces arrived, leaving out those the manifest names missing",
+    )
     p.set_defaults(run=run_analyze)
 
 
@@ -89,6 +94,7 @@ def _analyze(d: str, args: argparse.Namespace) -> Analysis:
         cache=not args.no_cache,
         progress=lambda line: print(line, flush=True),
         workers=args.workers,
+        allow_missing_ranks=args.allow_missing_ranks,
     )
 
 
