@@ -28,17 +28,17 @@ def test_changed_stats_recompute_only_that_table():
     for t in T:
         for c in enumerate_classes(t, topo, 64):
             m.terms(t, c)
-    before = m.counts.cache_info().misses
+    before = m._counts.cache_info().misses
     changed = dataclasses.replace(T[1], ids_per_sample=9.0)
     n = len(enumerate_classes(changed, topo, 64))
     for t in [T[0], changed, T[2], T[3]]:
         for c in enumerate_classes(t, topo, 64):
             m.terms(t, c)
-    assert m.counts.cache_info().misses - before == n
+    assert m._counts.cache_info().misses - before == n
     # a changed coefficient re-multiplies cached counts: no new count computations
     m.coeffs = dataclasses.replace(m.coeffs, lookup_fwd=Linear(0.0, 1e-8))
     m.terms(T[0], OptionClass(TW, "fused"))
-    assert m.counts.cache_info().misses - before == n
+    assert m._counts.cache_info().misses - before == n
 
 
 def test_hot_share_from_zipf_and_measured_points():
