@@ -205,8 +205,9 @@ def coefficients(
     Returns:
         Coefficients whose `source` is the calibration's profiles (" + " between several fitted
         together; or "calibration"); what the calibration replaced is marked measured from it
-        (an op kind with its fixed sync cost), the rest stays assumed from the preset. The inter-host per-byte cost counts as measured
-        only where the measured intra-host one raised it.
+        (an op kind with its fixed sync cost), the rest stays assumed from the preset. The
+        inter-host per-byte cost counts as measured only where the measured intra-host one
+        raised it.
     Raises:
         UserError: a calibration object with a wrong field (`Calibration.from_dict`).
     """
