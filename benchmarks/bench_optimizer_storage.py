@@ -1,7 +1,8 @@
 """Judged by TorchRec's own storage estimate: does every SparseLift plan fit?
 
-A seeded what-if corpus (per workload: 20–300 tables of `synthetic_stats`, rows log-uniform in
-10³–4·10⁷ — a power law —, dims 32–256, poolings 1–60, a batch of 512–8192 per rank) is planned
+A seeded what-if corpus (`synthetic.whatif_corpus`, shared with bench_whatif_corpus.py: per
+workload 20–300 tables of `synthetic_stats`, rows log-uniform in 10³–4·10⁷ — a power law —, dims
+32–256, poolings 1–60, a batch of 512–8192 per rank) is planned
 by `optimize` on h100x8 hosts at 8, 64 and 128 ranks, and every plan is scored by
 `torchrec_referee.storage_verdicts`: TorchRec's EmbeddingStorageEstimator on the plan's shards,
 every rank against the budget TorchRec's planner leaves it (`HeuristicalStorageReservation(0.15)`).
@@ -17,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import random
 import time
-from dataclasses import dataclass
 
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import coefficients
@@ -28,34 +26,12 @@ from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.optimize import Inputs, optimize
 from sparselift.optimizer.problem import Problem
 from sparselift.optimizer.space import PlanWide
-from sparselift.optimizer.synthetic import synthetic_stats
-from sparselift.optimizer.table_stats import TableStats
+from sparselift.optimizer.synthetic import synthetic_stats, whatif_corpus
 from sparselift.optimizer.topology import preset
 from sparselift.optimizer.torchrec_referee import storage_verdicts
 from sparselift.optimizer.torchrec_storage import hbm_budget
 
 GB = 1e9
-BATCHES = (512, 1024, 2048, 4096, 8192)
-
-
-@dataclass
-class Workload:
-    """One corpus entry: its seed, tables and per-rank batch."""
-
-    seed: int
-    stats: list[TableStats]
-    batch_size: int
-
-
-def corpus(n: int, min_tables: int, max_tables: int) -> list[Workload]:
-    """`n` seeded workloads: table counts log-uniform in [min_tables, max_tables]."""
-    out = []
-    for seed in range(n):
-        rng = random.Random(1000 + seed)
-        k = int(round(math.exp(rng.uniform(math.log(min_tables), math.log(max_tables)))))
-        stats = synthetic_stats(k, seed=seed, max_rows=40_000_000)
-        out.append(Workload(seed, stats, rng.choice(BATCHES)))
-    return out
 
 
 def budget_hooked() -> bool:
@@ -86,7 +62,7 @@ def main() -> None:
         f"{'used':>6}  fits  model≥TR  {'s':>5}"
     )
     print(head)
-    for w in corpus(args.workloads, args.min_tables, args.max_tables):
+    for w in whatif_corpus(args.workloads, args.min_tables, args.max_tables):
         for world in args.ranks:
             topo = preset("h100x8", world)
             t0 = time.perf_counter()

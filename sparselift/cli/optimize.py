@@ -92,9 +92,9 @@ def register(sub: Any) -> None:
     p.set_defaults(run=run_optimize)
 
 
-def _inputs(args: argparse.Namespace) -> Inputs:
+def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
     """Statistics, topology, batch size and coefficients from the flags (a profile or a
-    workload spec)."""
+    workload spec), and the plan the (first) profile trained with, if it describes one."""
     from sparselift.optimizer.coefficients import (
         coefficients,
         dense_step_estimate,
@@ -105,11 +105,12 @@ def _inputs(args: argparse.Namespace) -> Inputs:
     from sparselift.optimizer.table_stats import stats_from_spec
     from sparselift.optimizer.topology import load_topology, profiled_topology
 
-    calibration, spec = None, None
+    calibration, spec, in_force = None, None, None
     profile = args.profile[0] if args.profile else None
     if profile is not None:
         prof = read_profile(profile, need_calibration=len(args.profile) == 1)
         calibration, stats, batch = prof.calibration, prof.stats, prof.batch_size
+        in_force = prof.plan_in_force
         if len(args.profile) > 1:
             calibration = _joint_calibration(args.profile)
         provenance: dict[str, Any] = {"profile": str(profile)}
@@ -140,7 +141,8 @@ def _inputs(args: argparse.Namespace) -> Inputs:
         )
     dense = dense_step_estimate(spec, topo, batch) if spec is not None else 0.0
     provenance["topology"] = topo.preset or args.topology
-    return Inputs(stats, topo, batch, coefficients(topo, calibration, dense), provenance)
+    inp = Inputs(stats, topo, batch, coefficients(topo, calibration, dense), provenance)
+    return inp, in_force
 
 
 def _joint_calibration(profiles: list[str]) -> dict[str, Any]:
@@ -176,7 +178,7 @@ def run_optimize(args: argparse.Namespace) -> int:
     from sparselift.optimizer.torchrec_baseline import BaselineRun
 
     _check_flags(args)  # before TorchRec's planner runs and the solve
-    inp = _inputs(args)
+    inp, in_force = _inputs(args)
     topo = inp.topo
     print(
         f"planning {len(inp.stats)} tables for {topo.world_size} ranks ({topo.num_hosts} host(s), "
@@ -215,6 +217,7 @@ def run_optimize(args: argparse.Namespace) -> int:
             mode=args.mode,
             progress=lambda line: print(line, flush=True),
             min_gain=args.min_gain,
+            current=in_force,  # the plan the profile trained with: what a user runs today
             pending_baselines=pending if runs else None,
         )
     finally:
@@ -301,7 +304,9 @@ def _report(
         + (" …" if topo.world_size > 16 else "")
     )
     if res.kept_baseline:
-        print(f"kept TorchRec's plan: ours was not predicted at least {args.min_gain:.0%} faster")
+        profiled = any(n.startswith("kept the profiled plan") for n in res.notes)
+        which = "the profiled plan" if profiled else "TorchRec's plan"
+        print(f"kept {which}: ours was not predicted at least {args.min_gain:.0%} faster")
     wrote_baseline = args.baseline_out and baseline is not None
     print(f"wrote {args.out}" + (f" and {args.baseline_out}" if wrote_baseline else ""))
 

@@ -16,22 +16,32 @@ from typing import Any
 
 from sparselift import plans
 from sparselift.errors import UserError
+from sparselift.optimizer.agreement import Agreement, Verdicts, both_accept
 from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import CostModel, PlanCost
-from sparselift.optimizer.planio import choices_from_plan, to_plan
-from sparselift.optimizer.problem import Solution
+from sparselift.optimizer.planio import choices_from_plan, statistics_digest, to_plan
+from sparselift.optimizer.problem import Problem, Solution
 from sparselift.optimizer.robust import (
     gate_precision,
     pipeline_measured,
     solve_without_dominated,
     torchrec_agrees,
 )
-from sparselift.optimizer.space import Choice, PlanWide
+from sparselift.optimizer.space import Choice, OptionClass, PlanWide
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 from sparselift.optimizer.torchrec_storage import hbm_budget
+from sparselift.optimizer.whatif import (
+    PriceBook,
+    TwoModelCost,
+    exchange_rate,
+    polish,
+    two_model_mode,
+)
 
 PendingBaselines = Callable[[], Sequence[plans.Plan | None]]
+TILT = 4.0  # what-if: the factor on the weight of the model that rejected the first solve
+RETRY_SHARE = 0.5  # … and that second solve's share of the time limit
 
 
 @dataclass
@@ -64,8 +74,10 @@ class Result:
         baseline: the cheapest TorchRec plan given, or None.
         baseline_cost: its predicted cost, or None.
         kept_baseline: the baseline was kept (ours not predicted faster by `min_gain`).
-        notes: one line per evidence check that decided a plan-wide option (the comm
-            precision's verdicts), for the caller to print.
+        notes: one line per evidence check that decided an option (the comm precision's
+            verdicts; what-if: both models' verdicts), for the caller to print.
+        verdicts: what-if planning with a TorchRec plan given (`whatif`): both models on the
+            plan shipped and on TorchRec's plan; else None.
     """
 
     plan: plans.Plan
@@ -75,6 +87,7 @@ class Result:
     baseline_cost: PlanCost | None
     kept_baseline: bool
     notes: list[str] = field(default_factory=list)
+    verdicts: Verdicts | None = None
 
 
 def choose_precision(model: CostModel) -> PlanWide:
@@ -103,7 +116,9 @@ def choose_precision(model: CostModel) -> PlanWide:
 
 
 class _CheapestBaseline:
-    """The baseline to beat: the cheapest given plan under our model, chosen once all are there.
+    """The baseline to beat: the cheapest given plan under `model` (the objective the solve
+    minimizes: set before the first call), chosen once all are there; every plan given is kept
+    in `candidates`.
 
     Called as the solver's warm start, so that plans still being made (TorchRec's planner in
     child processes) are waited for only once the first CP-SAT model is built.
@@ -121,6 +136,7 @@ class _CheapestBaseline:
         self.plan: plans.Plan | None = None
         self.choices: dict[str, Choice] | None = None
         self.cost: PlanCost | None = None
+        self.candidates: list[tuple[plans.Plan, dict[str, Choice], PlanWide]] = []
 
     def __call__(self) -> dict[str, Choice] | None:
         if not self.resolved:
@@ -131,6 +147,7 @@ class _CheapestBaseline:
                 if candidate is None:
                     continue
                 choices, plan_wide = choices_from_plan(candidate, self.model.topo)
+                self.candidates.append((candidate, choices, plan_wide))
                 cost = self.model.evaluate(self.by_name, choices, plan_wide)
                 if self.cost is None or cost.step_time_s < self.cost.step_time_s:
                     self.choices, self.cost, self.plan = choices, cost, candidate
@@ -150,6 +167,7 @@ def optimize(
     min_gain: float = 0.0,
     other_baselines: tuple[plans.Plan, ...] = (),
     pending_baselines: PendingBaselines | None = None,
+    current: plans.Plan | None = None,
 ) -> Result:
     """Plan: solve, then keep the cheapest baseline unless ours is predicted faster by `min_gain`.
 
@@ -157,6 +175,13 @@ def optimize(
     (`robust.gate_precision`); planning for unprofiled hardware at 16 bits, TorchRec's estimator
     is asked after the solve, and where it does not also rate the plan faster at 16 bits, the
     plan is solved again at fp32. The verdicts are in `Result.notes`.
+
+    What-if planning for GPUs (`whatif.two_model_mode`: no coefficient measured) minimizes
+    SparseLift's step plus TorchRec's estimator's verdict, and ships only choices both models rate
+    no worse than TorchRec's best plan given (`whatif.both_accept`); where the solved plan is
+    rejected by one model, it is solved once more (RETRY_SHARE of the time limit) with that
+    model weighed TILT× more, and the outcome better by the model that gains less is kept. Both
+    models' verdicts are in `Result.notes` and `Result.verdicts`.
 
     Args:
         inp: what to plan for.
@@ -168,6 +193,8 @@ def optimize(
         other_baselines: more plans to beat (the cheapest of all is the warm start).
         pending_baselines: plans still being made, waited for once the first CP-SAT model is
             built (after `baseline` and `other_baselines` in the order of ties).
+        current: the plan the profiled job runs today: kept (as it is) unless the new plan is
+            predicted `min_gain` faster than it, whichever baseline that new plan is.
     Returns:
         The plan and its record.
     Raises:
@@ -179,68 +206,149 @@ def optimize(
     plan_wide, notes, consult = gate_precision(model, choose_precision(model))
     by_name = {s.name: s for s in inp.stats}
     base = _CheapestBaseline(model, by_name, (baseline, *other_baselines), pending_baselines)
+    book = PriceBook(inp.stats, inp.topo, inp.batch_size)
+    two = two_model_mode(inp.topo, inp.coeffs)
     t0 = time.perf_counter()
 
-    def solve_at(wide: PlanWide) -> Solution:
-        return solve_without_dominated(
+    def solve_at(
+        wide: PlanWide, tilt: float = 1.0, limit_s: float = time_limit_s
+    ) -> tuple[Solution, CostModel]:
+        """A solve at precision `wide`, and the cost model it minimized (what-if: the two
+        models', TorchRec's weight × `tilt`)."""
+        two_model: list[CostModel] = []
+
+        def objective(classes: dict[str, list[OptionClass]]) -> CostModel:
+            rate = exchange_rate(model, book.at(wide), inp.stats, classes, wide)
+            base.model = TwoModelCost(model, book, tilt * rate)  # the warm start's measure
+            two_model.append(base.model)
+            return base.model
+
+        def improve(p: Problem, solved: dict[str, Choice]) -> dict[str, Choice]:
+            at = book.at(wide)  # TorchRec's best plan by its estimator, at this precision
+            ref = (
+                min(base.candidates, key=lambda c: at.rate_s(c[1]))[1] if base.candidates else None
+            )
+            return polish(p, solved, ref)
+
+        sol = solve_without_dominated(
             inp.stats,
             model,
             wide,
-            time_limit_s=time_limit_s,
+            objective if two else None,
+            improve if two else None,
+            time_limit_s=limit_s,
             seed=seed,
             workers=workers,
             mode=mode,
             progress=progress,
             warm_start=base,
         )
+        return sol, (two_model[-1] if two_model else model)
 
     if not pipeline_measured(inp.coeffs):
         notes.append("pipeline base: the sparse-dist pipeline's overlap was not measured")
-    sol = solve_at(plan_wide)
+    sol, minimized = solve_at(plan_wide)
     if consult:  # what-if: 16-bit only where TorchRec's estimator also rates it faster
-        agreed, line = torchrec_agrees(inp, model, sol.choices, plan_wide, sol.pipeline)
+        agreed, line = torchrec_agrees(inp, model, sol.choices, plan_wide, sol.pipeline, book)
         notes.append(line)
         if not agreed:
             plan_wide = PlanWide()
-            sol = solve_at(plan_wide)
+            sol, minimized = solve_at(plan_wide)
     base()  # resolved by the solve already; here in case a solver path did not ask
     plan_wide = PlanWide(plan_wide.forward, plan_wide.backward, sol.pipeline)
     choices = sol.choices
-    cost = model.evaluate(by_name, choices, plan_wide)
-    kept = False
-    if (
+    hbm = hbm_budget(inp.topo, inp.batch_size, inp.stats)
+    base_plan, base_cost, kept, verdicts = base.plan, base.cost, False, None
+    if two and base.candidates:  # both models, against TorchRec's best plan by its estimator
+        prices = book.at(plan_wide)
+        base_plan, ref, ref_wide = min(base.candidates, key=lambda c: prices.rate_s(c[1]))
+        base_cost = model.evaluate(by_name, ref, ref_wide)
+
+        def agree(s: Solution, m: CostModel) -> Agreement:
+            return both_accept(model, book, inp.stats, s.choices, ref, plan_wide, ref_wide, m)
+
+        both = agree(sol, minimized)
+        notes += both.notes
+        if not both.solved.accepted:  # one model rejected the plan: weigh it more, solve again
+            tilt = TILT if both.solved.rejected_by == "torchrec" else 1.0 / TILT
+            again, again_minimized = solve_at(plan_wide, tilt, RETRY_SHARE * time_limit_s)
+            other = agree(again, again_minimized)
+            notes += [f"solved again with TorchRec's weight x {tilt:g}", *other.notes]
+            if other.verdicts.worst_gain > both.verdicts.worst_gain:  # ties: the first
+                both, sol, minimized = other, again, again_minimized
+        gain = (
+            base_cost.step_time_s
+            / model.evaluate(by_name, both.choices, both.plan_wide).step_time_s
+        )
+        if not both.kept and gain < 1.0 + min_gain:  # below what SparseLift's model resolves
+            both = both_accept(model, book, inp.stats, ref, ref, ref_wide, ref_wide)
+        kept = both.kept and _fits(inp.topo, base_cost, hbm)
+        choices, plan_wide, verdicts = both.choices, both.plan_wide, both.verdicts
+        if both.kept and not kept:  # TorchRec's plan does not fit our memory model: ours
+            choices, plan_wide = sol.choices, PlanWide(plan_wide.forward, plan_wide.backward)
+            notes.append("TorchRec's plan does not fit SparseLift's memory model: not kept")
+            verdicts = None
+    elif (
         base.cost is not None
         and base.choices is not None
-        and base.cost.step_time_s < cost.step_time_s * (1.0 + min_gain)
-        and _fits(inp.topo, base.cost, hbm_budget(inp.topo, inp.batch_size, inp.stats))
+        and base.cost.step_time_s
+        < model.evaluate(by_name, choices, plan_wide).step_time_s * (1.0 + min_gain)
+        and _fits(inp.topo, base.cost, hbm)
     ):
         # a decomposed or timed-out solve can land above the warm start: never hand back worse;
         # and a gain smaller than the model can resolve is not worth a new plan
-        choices, plan_wide, cost, kept = base.choices, base.cost.plan_wide, base.cost, True
-    gap = (
-        max(0.0, (cost.step_time_s - sol.bound_s) / cost.step_time_s)
-        if cost.step_time_s > 0
-        else 0.0
-    )
+        choices, plan_wide, kept = base.choices, base.cost.plan_wide, True
+    if verdicts is not None:
+        notes.append(verdicts.line("TorchRec's plan kept" if kept else "the plan"))
+    elif two:
+        notes.append(_verdicts_alone(model, book, by_name, choices, plan_wide))
+    if current is not None and not two:
+        cur_choices, cur_wide = choices_from_plan(current, inp.topo)
+        cur_cost = model.evaluate(by_name, cur_choices, cur_wide)
+        new_s = model.evaluate(by_name, choices, plan_wide).step_time_s
+        if cur_cost.step_time_s < new_s * (1.0 + min_gain) and _fits(inp.topo, cur_cost, hbm):
+            choices, plan_wide, kept, base_plan, base_cost = (
+                cur_choices,
+                cur_wide,
+                True,
+                current,
+                cur_cost,
+            )
+            ratio = cur_cost.step_time_s / new_s
+            notes.append(
+                f"kept the profiled plan: the best other plan is predicted only {ratio:.3f}x "
+                f"faster, below the {1 + min_gain:.2f}x a change needs"
+            )
+    cost = model.evaluate(by_name, choices, plan_wide)
+    objective = minimized.evaluate(by_name, choices, plan_wide).step_time_s
+    gap = max(0.0, (objective - sol.bound_s) / objective) if objective > 0 else 0.0
     solver_rec = {
         "name": f"cp-sat ({sol.mode})",
         "status": sol.status + (" (torchrec plan kept)" if kept else ""),
-        "objective": cost.step_time_s,
-        "bound": min(sol.bound_s, cost.step_time_s),
+        "objective": objective,
+        "bound": min(sol.bound_s, objective),
         "gap": gap,
         "time_s": round(sol.det_time_s, 3),
         "seed": seed,
         "workers": workers,
     }
+    if two:  # what the objective and bound are made of
+        solver_rec["objective_of"] = "SparseLift's step + weight x TorchRec's estimator (whatif)"
+        solver_rec["torchrec_weight"] = getattr(minimized, "weight", 0.0)
     provenance = {
         **inp.provenance,
         "coefficients": inp.coeffs.source,
         "batch_size": inp.batch_size,
         "tool": "sparselift optimize",
     }
-    if kept and base.plan is not None:  # TorchRec's plan as it is (its splits too), our records
+    if kept and base_plan is not None:  # TorchRec's plan as it is (its splits too), our records
+        precision = plans.CommPrecision(forward=plan_wide.forward, backward=plan_wide.backward)
         plan = dataclasses.replace(
-            base.plan, predicted=cost.predicted(), solver=solver_rec, provenance=provenance
+            base_plan,
+            comm_precision=precision,
+            predicted=cost.predicted(),
+            solver=solver_rec,
+            provenance=provenance,
         )
     else:
         plan = to_plan(
@@ -252,9 +360,29 @@ def optimize(
             solver=solver_rec,
             provenance=provenance,
         )
-    plan = dataclasses.replace(plan, evidence=inp.coeffs.evidence_dict())
+    plan = dataclasses.replace(  # a kept plan gets our records too: evidence, statistics
+        plan,
+        evidence=inp.coeffs.evidence_dict(),
+        statistics=statistics_digest(inp.stats, inp.batch_size),
+    )
     sol.wall_s = time.perf_counter() - t0 - base.waited_s
-    return Result(plan, cost, sol, base.plan, base.cost, kept, notes)
+    return Result(plan, cost, sol, base_plan, base_cost, kept, notes, verdicts)
+
+
+def _verdicts_alone(
+    model: CostModel,
+    book: PriceBook,
+    by_name: dict[str, TableStats],
+    choices: dict[str, Choice],
+    wide: PlanWide,
+) -> str:
+    """Both models' verdicts on a plan that has no TorchRec plan to compare with."""
+    sl = model.evaluate(by_name, choices, wide).step_time_s
+    tr = book.at(wide).rate_s(choices)
+    return (
+        f"the plan (no TorchRec plan to compare with): SparseLift's model {sl * 1e3:.3f} ms; "
+        f"TorchRec's estimator {tr * 1e3:.3f} ms"
+    )
 
 
 def _fits(topo: Topology, cost: PlanCost, hbm: int) -> bool:

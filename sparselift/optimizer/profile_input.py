@@ -6,10 +6,12 @@ check`), so that they refuse the same directories with the same messages.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparselift import plans
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import load_calibration
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
@@ -23,11 +25,14 @@ class ProfileInput:
         stats: the tables as profiled (`stats_from_profile`), in the profile's order.
         batch_size: samples per rank.
         calibration: calibration.json's object, or None where the profile has none.
+        plan_in_force: the plan the profiled run trained with (`plan_in_force`), or None where
+            the manifest does not describe it whole.
     """
 
     stats: list[TableStats]
     batch_size: int
     calibration: dict[str, Any] | None
+    plan_in_force: plans.Plan | None = None
 
 
 def read_profile(profile_dir: str | Path, *, need_calibration: bool) -> ProfileInput:
@@ -52,4 +57,57 @@ def read_profile(profile_dir: str | Path, *, need_calibration: bool) -> ProfileI
         )
     calibration = load_calibration(cal) if cal.is_file() else None
     stats, batch = stats_from_profile(profile_dir)
-    return ProfileInput(stats, batch, calibration)
+    manifest = json.loads(Path(profile_dir, "manifest.json").read_text())
+    return ProfileInput(stats, batch, calibration, plan_in_force(manifest))
+
+
+PIPELINES = {"TrainPipelineBase": "base", "TrainPipelineSparseDist": "sparse-dist"}
+
+
+def plan_in_force(manifest: dict[str, Any]) -> plans.Plan | None:
+    """The plan a profiled run trained with, rebuilt from its manifest (tables, sharding,
+    pipeline, comm precision): the plan a new one must be predicted to beat.
+
+    Returns:
+        The plan, or None where the manifest does not describe it whole (an older manifest, a
+        pipeline other than TorchRec's two, a table without its sharding): then it is not a
+        candidate.
+    """
+    sharding = {e.get("table"): e for e in manifest.get("sharding") or []}
+    tables = manifest.get("tables") or []
+    pipeline = PIPELINES.get(str(manifest.get("pipeline")))
+    if not tables or pipeline is None or any(t.get("name") not in sharding for t in tables):
+        return None
+    doc = {
+        "format": plans.FORMAT,
+        "version": 1,
+        "model": {
+            "tables": [
+                {k: t[k] for k in ("name", "num_embeddings", "embedding_dim", "feature_names")}
+                for t in tables
+            ]
+        },
+        "topology": {
+            "world_size": manifest.get("world_size"),
+            "local_world_size": manifest.get("local_world_size"),
+            "device": manifest.get("device"),
+            "preset": None,
+        },
+        "tables": [
+            {
+                "name": t["name"],
+                **{
+                    k: sharding[t["name"]].get(k)
+                    for k in ("sharding_type", "compute_kernel", "ranks", "shards")
+                },
+                "cache_load_factor": sharding[t["name"]].get("cache_load_factor"),
+            }
+            for t in tables
+        ],
+        "comm_precision": manifest.get("comm_precision") or {"forward": "fp32", "backward": "fp32"},
+        "pipeline": pipeline,
+    }
+    try:
+        return plans.Plan.from_dict(doc, "the profiled plan")
+    except plans.PlanError:
+        return None

@@ -25,7 +25,7 @@ Three rules, applied around the solve (`optimize`):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sparselift.errors import UserError
@@ -33,11 +33,11 @@ from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import PHASES, CostModel
 from sparselift.optimizer.feasibility import feasible_classes
 from sparselift.optimizer.placement import cheapest_average
-from sparselift.optimizer.planio import to_plan
 from sparselift.optimizer.problem import NS, Problem, Solution, load_over_ranks
 from sparselift.optimizer.solver import solve
 from sparselift.optimizer.space import DP, FUSED, UVM_CACHING, Choice, OptionClass, PlanWide
 from sparselift.optimizer.table_stats import TableStats
+from sparselift.optimizer.whatif import PriceBook
 
 RISK_TOLERANCE = 0.005  # share of the step all risky choices' penalties may add up to
 
@@ -169,14 +169,20 @@ def solve_without_dominated(
     stats: list[TableStats],
     model: CostModel,
     plan_wide: PlanWide,
+    objective: Callable[[dict[str, list[OptionClass]]], CostModel] | None = None,
+    polish: Callable[[Problem, dict[str, Choice]], dict[str, Choice]] | None = None,
     **solve_kw: Any,
 ) -> Solution:
     """Solve without UVM caching where memory allows, then drop the UVM choices that buy nothing.
 
     Args:
         stats: the tables.
-        model: the cost model.
+        model: the cost model (which classes fit: its memory).
         plan_wide: the collective precision (its pipeline is the solver's).
+        objective: given the classes one solve chooses from, the cost model it minimizes (what-if
+            planning's two models, `whatif`); None: `model`.
+        polish: what improves the solved choices (given the problem), before the UVM choices
+            that buy nothing are dropped; None: nothing.
         **solve_kw: `solver.solve`'s keywords (time limit, seed, workers, mode, progress, warm
             start).
     Returns:
@@ -186,18 +192,31 @@ def solve_without_dominated(
             caching.
     """
     classes = feasible_classes(model, stats, plan_wide)
+
+    def problem(cs: dict[str, list[OptionClass]]) -> Problem:
+        return robust_problem(stats, objective(cs) if objective else model, plan_wide, cs)
+
     plain = without_uvm(classes)
     if plain is not None:
-        p = robust_problem(stats, model, plan_wide, plain)
+        p = problem(plain)
         try:
             sol = solve(p, **solve_kw)
         except UserError:  # memory forces UVM caching somewhere: solve again with it
             pass
         else:
-            sol.choices = drop_dominated_uvm(p, sol.choices, sol.pipeline)
-            return sol
-    p = robust_problem(stats, model, plan_wide, classes)
-    sol = solve(p, **solve_kw)
+            return _cleaned(p, sol, polish)
+    p = problem(classes)
+    return _cleaned(p, solve(p, **solve_kw), polish)
+
+
+def _cleaned(
+    p: Problem,
+    sol: Solution,
+    polish: Callable[[Problem, dict[str, Choice]], dict[str, Choice]] | None,
+) -> Solution:
+    """`sol` with its choices polished, then its dominated UVM choices dropped."""
+    if polish is not None:
+        sol.choices = polish(p, sol.choices)
     sol.choices = drop_dominated_uvm(p, sol.choices, sol.pipeline)
     return sol
 
@@ -227,7 +246,12 @@ def gate_precision(model: CostModel, wanted: PlanWide) -> tuple[PlanWide, list[s
 
 
 def torchrec_agrees(
-    inp: Any, model: CostModel, choices: Mapping[str, Choice], wide: PlanWide, pipeline: str
+    inp: Any,
+    model: CostModel,
+    choices: Mapping[str, Choice],
+    wide: PlanWide,
+    pipeline: str,
+    book: PriceBook | None = None,
 ) -> tuple[bool, str]:
     """Whether both SparseLift's model and TorchRec's estimator rate `choices` faster at the
     16-bit precision `wide` than at fp32 (same shards, same pipeline), and a line with both
@@ -235,29 +259,23 @@ def torchrec_agrees(
 
     Args:
         inp: the `optimize.Inputs` (tables, topology, batch size).
-        model: the cost model.
+        model: SparseLift's cost model.
         choices: the plan solved at `wide`.
         wide: the 16-bit precision.
         pipeline: the plan's pipeline.
+        book: TorchRec's prices of these inputs (made here when None).
     """
-    from sparselift.optimizer.torchrec_referee import torchrec_cost
-
     half = PlanWide(wide.forward, wide.backward, pipeline)
     full = PlanWide("fp32", "fp32", pipeline)
     ours = [model.evaluate(model_stats(inp), choices, w).step_time_s * 1e3 for w in (half, full)]
     label = f"{wide.forward}/{wide.backward}"
     verdict = f"SparseLift's model {ours[0]:.3f} vs {ours[1]:.3f} ms"
+    book = book or PriceBook(inp.stats, inp.topo, inp.batch_size)
     try:
-        rated = torchrec_cost(
-            [to_plan(inp.stats, choices, inp.topo, w) for w in (half, full)],
-            inp.stats,
-            inp.topo,
-            inp.batch_size,
-        )
+        r16, r32 = (book.at(w).rate_s(choices) * 1e3 for w in (half, full))
     except Exception as e:  # any failure of TorchRec's estimator counts as "no"
         theirs, agreed = f"TorchRec's estimator could not rate it ({e})", False
     else:
-        r16, r32 = rated[0].rate_ms, rated[1].rate_ms
         theirs = f"TorchRec's estimator {r16:.3f} vs {r32:.3f} ms"
         agreed = ours[0] < ours[1] and r16 < r32
     chosen = label if agreed else f"fp32 rather than {label}"

@@ -1,10 +1,12 @@
 """Synthetic DLRM-like table sets for planning benchmarks and tests (statistics only, no
-training), as table statistics or as a workload spec for `sparselift optimize --workload`."""
+training), as table statistics, as a seeded what-if corpus of workloads, or as a workload spec for
+`sparselift optimize --workload`."""
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from sparselift.optimizer.table_stats import TableStats
@@ -27,6 +29,33 @@ def synthetic_stats(n_tables: int, seed: int = 0, max_rows: int = 20_000_000) ->
                 feature_names=(f"f{i}",),
             )
         )
+    return out
+
+
+CORPUS_BATCHES = (512, 1024, 2048, 4096, 8192)  # per-rank batches the corpus draws from
+CORPUS_MAX_ROWS = 40_000_000
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One corpus entry: its seed, tables and per-rank batch."""
+
+    seed: int
+    stats: list[TableStats]
+    batch_size: int
+
+
+def whatif_corpus(n: int, min_tables: int = 20, max_tables: int = 300) -> list[Workload]:
+    """`n` seeded workloads for what-if planning benchmarks: per workload a table count
+    log-uniform in [min_tables, max_tables], tables of `synthetic_stats` (rows log-uniform, a
+    power law, in 10³–4·10⁷; dims 32–256; poolings 1–60) and a batch of 512–8192 per rank.
+    Workload i is the same for every `n` > i."""
+    out = []
+    for seed in range(n):
+        rng = random.Random(1000 + seed)
+        k = int(round(math.exp(rng.uniform(math.log(min_tables), math.log(max_tables)))))
+        stats = synthetic_stats(k, seed=seed, max_rows=CORPUS_MAX_ROWS)
+        out.append(Workload(seed, stats, rng.choice(CORPUS_BATCHES)))
     return out
 
 

@@ -161,8 +161,9 @@ def _types_and_kernels(
 
 def _plan_options(p: plans.Plan, by_key: dict[tuple[str, str, str], Any]) -> list[Any]:
     """Copies of the enumerated ShardingOptions as plan `p` runs them: its shards (size, offset,
-    rank) and its cache load factors."""
-    from torchrec.distributed.planner.types import Shard
+    rank) and its cache load factors (a UVM-cached table is estimated at the share it runs with,
+    also where the enumerated option has no cache parameters)."""
+    from torchrec.distributed.planner.types import CacheParams, Shard
 
     chosen = []
     for t in p.tables:
@@ -173,8 +174,8 @@ def _plan_options(p: plans.Plan, by_key: dict[tuple[str, str, str], Any]) -> lis
             if t.shards
             else [Shard(size=list(base.shards[0].size), offset=[0, 0], rank=r) for r in t.ranks]
         )
-        if t.cache_share is not None and o.cache_params is not None:
-            o.cache_params = copy.copy(o.cache_params)
+        if t.cache_share is not None:
+            o.cache_params = copy.copy(o.cache_params) or CacheParams()
             o.cache_params.load_factor = t.cache_share
         chosen.append(o)
     return chosen
@@ -251,7 +252,6 @@ def storage_verdicts(
     """
     from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
-    from torchrec.distributed.planner.types import CacheParams
     from torchrec.distributed.types import PipelineType
 
     types, kernels = _types_and_kernels(plan_list, stats)
@@ -272,9 +272,6 @@ def storage_verdicts(
             hbm, ddr = [0] * topo.world_size, [0] * topo.world_size
             for est in [estimator] + ([sparse] if p.pipeline == "sparse-dist" else []):
                 chosen = _plan_options(p, by_key)
-                for o, t in zip(chosen, p.tables, strict=True):
-                    if t.cache_share is not None and o.cache_params is None:
-                        o.cache_params = CacheParams(load_factor=t.cache_share)
                 est.estimate(chosen, sharder_data)
                 h, d = [0] * topo.world_size, [0] * topo.world_size
                 for o in chosen:
