@@ -2,7 +2,7 @@
 
 This module owns the file: its format name and version, the dataclasses it holds (`Calibration`,
 one `OpFit` per op kind, `Provenance`) and the checks made when it is read. The analysis builds a
-`Calibration` (`sparselift.analysis.fit.calibrate`) and saves it; the optimizer loads it and lays
+`Calibration` (`sparselift.analysis.fit.fit_evidence`) and saves it; the optimizer loads it and lays
 its fits over a topology preset (`sparselift.optimizer.coefficients.coefficients`). The fields'
 meaning and units are in docs/CONTRACTS.md.
 

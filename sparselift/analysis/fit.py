@@ -11,7 +11,7 @@ tell; on CPU, calls of several plans can also refit the lookup unit's weights (`
 modelled cost is taken out, so that predicting the profiled plan gives back that step time.
 
 A calibration is fitted from one profile or several of the same job (`fit_evidence`): each
-profile's samples are gathered first (`profile_evidence`), then every op kind is fitted on all of
+profile's samples are gathered first (`evidence.profile_evidence`), then every op kind is fitted on all of
 them together, and the dense step is the median of the profiles' own.
 """
 
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from sparselift.analysis.evidence import ProfileEvidence, profile_evidence
+from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.samples import LOOKUPS, lookup_work_of
 from sparselift.analysis.unit_fit import MAX_REL_SE, refit_unit
 from sparselift.calibration import UNITS, Calibration, OpFit, Provenance, lookup_unit
@@ -256,7 +256,7 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     each profile's (`dense_of`): the dense part is the same model in every plan.
 
     Args:
-        evidence: `profile_evidence` of each profile (the first names the calibration).
+        evidence: `evidence.profile_evidence` of each profile (the first names the calibration).
     Returns:
         The Calibration (its provenance stamped with the current time, listing every profile).
     """
@@ -288,23 +288,4 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
         ops=ops,
         dense_step_s=dense,
         provenance=provenance,
-    )
-
-
-def calibrate(
-    nodes: pd.DataFrame,
-    steps: pd.DataFrame,
-    manifest: dict[str, Any],
-    profile_dir: str,
-    access: pd.DataFrame | None = None,
-    plan_tables: pd.DataFrame | None = None,
-) -> Calibration:
-    """Fit every op kind present in one profile; dense_step_s closes the measured step time.
-
-    Args and Raises: as `evidence.profile_evidence`.
-    Returns:
-        `fit_evidence` of that profile alone.
-    """
-    return fit_evidence(
-        [profile_evidence(nodes, steps, manifest, profile_dir, access, plan_tables)]
     )
