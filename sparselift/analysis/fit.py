@@ -11,8 +11,8 @@ tell; on CPU, calls of several plans can also refit the lookup unit's weights (`
 modelled cost is taken out, so that predicting the profiled plan gives back that step time.
 
 A calibration is fitted from one profile or several of the same job (`fit_evidence`): each
-profile's samples are gathered first (`evidence.profile_evidence`), then every op kind is fitted on all of
-them together, and the dense step is the median of the profiles' own.
+profile's samples are gathered first (`evidence.profile_evidence`), then every op kind is fitted
+on all of them together, and the dense step is the median of the profiles' own.
 """
 
 from __future__ import annotations
