@@ -142,6 +142,7 @@ def tune(
     after: int = 5,
     time_limit_s: float = 30.0,
     baseline: str | None = None,
+    min_gain: float | None = None,
     ab_hook: str | None = None,
     ab_hook_args: dict[str, Any] | None = None,
     echo: Callable[[str], None] = print,
@@ -159,6 +160,8 @@ def tune(
         profile_steps, after: profiled steps, and steady steps timed after the window.
         time_limit_s: `optimize --time-limit`.
         baseline: a plan file to beat; None: TorchRec's plan for this workload and world size.
+        min_gain: `optimize --min-gain`: how much faster the model must predict a new plan than
+            the profiled one to try it (None: optimize's default).
         ab_hook, ab_hook_args: a harness hook for the A/B runs only (tests slow one plan down).
         echo: where progress and the per-iteration figures go.
     Returns:
@@ -169,6 +172,8 @@ def tune(
     """
     if not 1 <= max_iterations <= 20:
         raise UserError(f"--max-iterations must be in 1..20, got {max_iterations}")
+    if min_gain is not None and not 0.0 <= min_gain <= 10.0:  # NaN fails both
+        raise UserError(f"--min-gain must be in 0..10, got {min_gain}")
     spec = cfg.validate()
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
@@ -220,7 +225,16 @@ def tune(
         nxt = str(work / f"plan{i + 1}.json")
         _step(
             f"optimize --profile {prof}",
-            ["optimize", "--profile", prof, "--time-limit", str(time_limit_s), "--out", nxt],
+            [
+                "optimize",
+                "--profile",
+                prof,
+                "--time-limit",
+                str(time_limit_s),
+                *(["--min-gain", str(min_gain)] if min_gain is not None else []),
+                "--out",
+                nxt,
+            ],
             run_command,
             echo,
         )

@@ -133,6 +133,8 @@ optimize-baseline-timeout-negative | $BASE --baseline-timeout -1 $OUT | --baseli
 optimize-baseline-timeout-nan | $BASE --baseline-timeout nan $OUT | --baseline-timeout
 optimize-min-gain-negative | $OPT --min-gain -0.5 $OUT | --min-gain
 optimize-min-gain-nan | $OPT --min-gain nan $OUT | --min-gain
+tune-min-gain-negative | tune $TRAIN --min-gain -0.5 $OUT | --min-gain
+tune-min-gain-nan | tune $TRAIN --min-gain nan $OUT | --min-gain
 optimize-out-file-parent | $OPT --out {blocker}/p.json | $CW {blocker}/p.json: {blocker} $NOTDIR
 optimize-out-missing-parent | $OPT --out {tmp}/no/p.json | $CW {tmp}/no/p.json: {tmp}/no $MISSING
 optimize-out-is-dir | $OPT --out {adir} | $CW {adir}: it is a directory

@@ -35,6 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--baseline", default=None, metavar="PLAN", help="plan to beat (default: TorchRec's)"
     )
     p.add_argument(
+        "--min-gain",
+        type=float,
+        default=None,
+        help="optimize's --min-gain: the predicted gain a new plan needs to be tried "
+        "(default optimize's, 0.10)",
+    )
+    p.add_argument(
         "--work", default=None, metavar="DIR", help="keep plans and profiles here (default: temp)"
     )
     p.add_argument(
@@ -73,6 +80,7 @@ def run_tune(args: argparse.Namespace) -> int:
                 after=args.after,
                 time_limit_s=args.time_limit,
                 baseline=args.baseline,
+                min_gain=args.min_gain,
                 echo=lambda line: print(line, flush=True),
             )
         except StepFailed as e:
