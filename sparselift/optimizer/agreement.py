@@ -159,7 +159,7 @@ def both_accept(
     start = first if ours is solved else verdicts(base, wide)
     base_at_wide = verdicts(base, wide).accepted
     if start.accepted:
-        return Agreement(dict(ours), wide, start, first, ours is base, notes)
+        return Agreement(dict(ours), wide, start, first, dict(ours) == dict(base), notes)
     back = _set_back(own, book.at(wide), stats, ours, base, wide, (sl_ref, tr_ref))
     if back is None:
         w = wide if base_at_wide else base_wide
