@@ -24,6 +24,7 @@ largest unavoidable shard, or the average rank's load).
 
     .venv/bin/python benchmarks/bench_whatif_corpus.py            # 50 workloads × 8/64/128 ranks
     .venv/bin/python benchmarks/bench_whatif_corpus.py --quick    # 4 small workloads at 8/64
+    .venv/bin/python benchmarks/bench_whatif_corpus.py --first-seed 50 --workloads 10 --ranks 16 32
 """
 
 from __future__ import annotations
@@ -208,6 +209,9 @@ def report(rows: list[dict], args: argparse.Namespace, corpus: list[Workload]) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", type=int, default=50)
+    ap.add_argument(
+        "--first-seed", type=int, default=0, help="skip the corpus's first workloads (held out)"
+    )
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 128])
     ap.add_argument("--min-tables", type=int, default=20)
     ap.add_argument("--max-tables", type=int, default=300)
@@ -225,13 +229,13 @@ def main() -> None:
     cache = Path(args.cache) if args.cache else None
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
-    corpus = whatif_corpus(args.workloads, args.min_tables, args.max_tables)
+    corpus = whatif_corpus(args.first_seed + args.workloads, args.min_tables, args.max_tables)
     print(
         f"{'seed':>4} {'ranks':>5} {'tables':>6} {'batch':>5} {'TR s':>6} {'ours s':>6} "
         f"{'prec.':>9} {'TR plan':>9} {'ours':>9} {'ratio':>6} {'SL ratio':>8} fits  decided"
     )
     rows = []
-    for w in corpus:
+    for w in corpus[args.first_seed :]:
         for world in args.ranks:
             r = run_one(w, world, args, cache)
             rows.append(r)
