@@ -5,12 +5,13 @@ production trainer pays little to load a plan; jsonschema, where installed, expl
 torchrec is imported on first use of a TorchRec verb (`sharding_plan`, `apply`, …), so reading and
 checking a plan is cheaper still. Nothing else of SparseLift is imported.
 
-Modules: `types` (the parts of a plan), `plan` (`Plan`, to and from the file's JSON), `schema` and
-`consistency` (the checks), `fileio` (load / save), `to_torchrec` (TorchRec objects), `baselines`
-(TorchRec's plan and the round-robin reference), `render` (text views), `errors`; for plans
-with splits (format 2: model tables as virtual tables), `splits` (the data and its checks),
-`transform` (the batch transform), `rewrite` (the split model), `replicated` (data-parallel parts
-with their table's row-wise Adagrad), `checkpoint` (state across the split).
+Modules: `types` (the parts of a plan), `plan` (`Plan`), `plan_dict` (to and from the file's JSON),
+`digest` (the statistics digest's fields and checks), `schema` and `consistency` (the checks),
+`fileio` (load / save), `to_torchrec` (TorchRec objects), `baselines` (TorchRec's plan and the
+round-robin reference), `render` (text views), `errors`; for plans with splits (format 2: model
+tables as virtual tables), `splits` (the data and its checks), `transform` (the batch transform),
+`rewrite` (the split model), `replicated` (data-parallel parts with their table's row-wise
+Adagrad), `checkpoint` (state across the split).
 
     plan = sparselift.plans.load("plan.json")
     model = plan.apply(model, pg=pg, device=device)   # checks the model first, then DMP

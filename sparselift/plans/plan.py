@@ -1,26 +1,26 @@
 """`Plan`: a whole SparseLift plan, its translation to and from the file, and a trainer's verbs.
 
-The file format is `plan.schema.json`; `to_dict`/`from_dict` are the only translation between the
-two, and `from_dict` is the one place a plan is validated (schema, then consistency). The TorchRec
+The file format is `plan.schema.json`; `to_dict`/`from_dict` (`plan_dict.py`) are the only
+translation between the two, and `from_dict` is the one place a plan is validated (schema, then
+consistency; the statistics digest's own checks are in `digest.py`). The TorchRec
 side (`sharding_plan`, `sharders`, `apply`, …) lives in `to_torchrec.py` and is imported on first
 use, so reading and checking a plan does not pay for importing torchrec.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparselift.plans.consistency import fit_problems, plan_problems
+from sparselift.plans.consistency import fit_problems
+from sparselift.plans.digest import STATISTICS_FIELDS, statistics_problems
 from sparselift.plans.errors import PlanError
-from sparselift.plans.schema import schema_problems
-from sparselift.plans.splits import sharded_tables, split_from_dict, split_to_dict
+from sparselift.plans.plan_dict import plan_from_dict, plan_to_dict
+from sparselift.plans.splits import sharded_tables
 from sparselift.plans.types import (
     DEFAULT_CACHE_LOAD_FACTOR,
     FORMAT,
     VERSION,
-    VERSION_WITHOUT_SPLITS,
     CommPrecision,
     PlanTopology,
     Shard,
@@ -28,9 +28,6 @@ from sparselift.plans.types import (
     TableFingerprint,
     TablePlan,
 )
-
-# The fields of one table's entry in a plan's statistics digest (the file sorts them by name).
-STATISTICS_FIELDS = ("ids_per_step", "unique_ratio", "pooling", "hot_share")
 
 # Re-exported: `sparselift.plans.plan` has always offered the parts along with the whole.
 __all__ = [
@@ -45,6 +42,7 @@ __all__ = [
     "Split",
     "TableFingerprint",
     "TablePlan",
+    "statistics_problems",
 ]
 
 
@@ -101,48 +99,7 @@ class Plan:
         canonical — sorted keys, floats to 10 significant digits, non-finite floats as null — so
         that equal plans give equal bytes.
         """
-        order = {t.name: i for i, t in enumerate(self.sharded_tables())}
-        tables = sorted(self.tables, key=lambda t: (order.get(t.name, len(order)), t.name))
-        model: dict[str, Any] = {}
-        if self.module is not None:
-            model["module"] = self.module
-        model["tables"] = [
-            dict(
-                name=t.name,
-                num_embeddings=t.num_embeddings,
-                embedding_dim=t.embedding_dim,
-                feature_names=list(t.feature_names),
-            )
-            for t in self.model
-        ]
-        out: dict[str, Any] = {
-            "format": FORMAT,
-            "version": VERSION if self.splits else VERSION_WITHOUT_SPLITS,
-            "model": model,
-            "topology": dict(
-                world_size=self.topology.world_size,
-                local_world_size=self.topology.local_world_size,
-                device=self.topology.device,
-                preset=self.topology.preset,
-            ),
-        }
-        if self.splits:
-            out["splits"] = [split_to_dict(s) for s in self.splits]
-        out |= {
-            "tables": [_table_dict(t) for t in tables],
-            "comm_precision": dict(
-                forward=self.comm_precision.forward, backward=self.comm_precision.backward
-            ),
-            "pipeline": self.pipeline,
-            "predicted": _canonical(self.predicted),
-            "solver": _canonical(self.solver),
-            "provenance": _canonical(self.provenance),
-        }
-        if self.evidence is not None:
-            out["evidence"] = _canonical(self.evidence)
-        if self.statistics is not None:
-            out["statistics"] = _canonical(self.statistics)
-        return out
+        return plan_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "<plan>") -> Plan:
@@ -156,62 +113,7 @@ class Plan:
         Raises:
             PlanError: listing every problem found (not only the first).
         """
-        problems = schema_problems(d)
-        if problems:
-            raise PlanError(source, problems)
-        splits: list[Split] = []
-        for i, sd in enumerate(d.get("splits", [])):
-            split, bad = split_from_dict(sd, i)
-            splits.append(split)
-            problems += bad
-        if splits and d["version"] < VERSION:
-            problems.append(f"splits need plan format version {VERSION}, not {d['version']}")
-        if problems:
-            raise PlanError(source, problems)
-        m = d["model"]
-        topo = d["topology"]
-        plan = cls(
-            model=[TableFingerprint.from_any(t) for t in m["tables"]],
-            module=m.get("module"),
-            # int(): JSON Schema counts 2.0 as an integer; TorchRec needs real ints.
-            topology=PlanTopology(
-                world_size=int(topo["world_size"]),
-                local_world_size=int(topo["local_world_size"]),
-                device=topo["device"],
-                preset=topo.get("preset"),
-            ),
-            tables=[
-                TablePlan(
-                    name=t["name"],
-                    sharding_type=t["sharding_type"],
-                    compute_kernel=t["compute_kernel"],
-                    ranks=[int(r) for r in t["ranks"]],
-                    shards=[
-                        Shard(
-                            rank=int(s["rank"]),
-                            offsets=(int(s["offsets"][0]), int(s["offsets"][1])),
-                            sizes=(int(s["sizes"][0]), int(s["sizes"][1])),
-                        )
-                        for s in t["shards"]
-                    ],
-                    cache_load_factor=t.get("cache_load_factor"),
-                )
-                for t in d["tables"]
-            ],
-            comm_precision=CommPrecision(**d["comm_precision"]),
-            pipeline=d["pipeline"],
-            predicted=d.get("predicted"),
-            solver=d.get("solver"),
-            provenance=d.get("provenance"),
-            evidence=d.get("evidence"),
-            statistics=d.get("statistics"),
-            splits=splits,
-            source=source,
-        )
-        problems = plan_problems(plan) + statistics_problems(plan)
-        if problems:
-            raise PlanError(source, problems)
-        return plan
+        return plan_from_dict(cls, d, source)
 
     def table(self, name: str) -> TablePlan:
         """The TablePlan of table `name`; KeyError if the plan has none."""
@@ -373,56 +275,3 @@ class Plan:
         from sparselift.plans.to_torchrec import SparseLiftPlanLoader
 
         return SparseLiftPlanLoader(self, model)
-
-
-def statistics_problems(plan: Plan) -> list[str]:
-    """What the schema cannot say about a plan's statistics digest: every value finite (JSON
-    readers accept NaN and Infinity), one entry per model table and none for another table.
-
-    Returns:
-        One message per problem, each naming the table; [] for a plan without a digest.
-    """
-    if plan.statistics is None:
-        return []
-    names = [t.name for t in plan.model]
-    known = set(names)
-    problems = [
-        f"statistics.{name}: no such table in the model"
-        for name in plan.statistics
-        if name not in known
-    ]
-    problems += [f"statistics: no entry for table {n!r}" for n in names if n not in plan.statistics]
-    for name, values in plan.statistics.items():
-        for key in STATISTICS_FIELDS:
-            v = values.get(key)
-            if isinstance(v, float) and not math.isfinite(v):
-                problems.append(f"statistics.{name}.{key}: {v} is not a finite number")
-    return problems
-
-
-def _table_dict(t: TablePlan) -> dict[str, Any]:
-    return {
-        "name": t.name,
-        "sharding_type": t.sharding_type,
-        "compute_kernel": t.compute_kernel,
-        "ranks": list(t.ranks),
-        "shards": [
-            dict(rank=s.rank, offsets=list(s.offsets), sizes=list(s.sizes)) for s in t.shards
-        ],
-        "cache_load_factor": _canonical(t.cache_load_factor),
-    }
-
-
-def _canonical(v: Any) -> Any:
-    """A free-form value with fixed float precision and sorted keys: equal plans, equal bytes."""
-    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
-        return v
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return None
-        return float(f"{v:.10g}")
-    if isinstance(v, dict):
-        return {str(k): _canonical(v[k]) for k in sorted(v, key=str)}
-    if isinstance(v, (list, tuple)):
-        return [_canonical(x) for x in v]
-    return str(v)

@@ -5,10 +5,11 @@ Hook API: `ProfileSession` (a context manager with `.step()`, or step_begin/step
 `profile_pipeline` (wraps a TorchRec TrainPipeline). Harness adapter:
 `sparselift.profiler.hook:make_hook`.
 
-Modules: `session` (the hook API), `access` (capturing what each sharded module receives),
-`access_stats` (statistics of those captures), `zipf` (the skew fit), `trace` (torch.profiler),
-`manifest` (what ran), `outdir` (the directory and its files), `gather` (ranks to rank 0),
-`hook` (the harness adapter).
+Modules: `session` (the hook API), `pipeline` (`ProfiledPipeline`), `collect` (traces to rank 0,
+missing ranks), `merge` (rank 0's facts and files), `access` (capturing what each sharded module
+receives), `access_stats` (statistics of those captures), `zipf` (the skew fit), `trace`
+(torch.profiler), `manifest` (what ran), `outdir` (the directory and its files), `gather` (ranks to
+rank 0), `hook` (the harness adapter).
 """
 
 from sparselift.profiler.access import NoShardedEmbeddingError

@@ -31,13 +31,11 @@ stop training: every failure is caught, warned about once, and listed in `errors
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import sys
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -46,37 +44,25 @@ from torch import nn
 
 from sparselift.errors import UserError
 from sparselift.profiler.access import AccessRecorder, find_sharded_modules, table_metas
-from sparselift.profiler.access_stats import (
-    TableStep,
-    access_rows,
-    rank_table_steps,
-    table_histograms,
-)
-from sparselift.profiler.gather import gather_files, gather_to_rank0
-from sparselift.profiler.hot_ids import HOT_IDS, record_hot_ids
-from sparselift.profiler.manifest import (
-    ProfileFacts,
-    build_manifest,
-    comm_precision_of,
-    sharding_of,
-    table_entries,
-)
+from sparselift.profiler.access_stats import access_rows, rank_table_steps, table_histograms
+from sparselift.profiler.collect import collect_traces
+from sparselift.profiler.gather import gather_to_rank0
+from sparselift.profiler.hot_ids import record_hot_ids
+from sparselift.profiler.manifest import ProfileFacts, comm_precision_of, sharding_of
+from sparselift.profiler.merge import RankReport, profile_facts, write_manifest, write_profile
+from sparselift.profiler.pipeline import ProfiledPipeline
 from sparselift.profiler.steady import SteadyTimer
-from sparselift.profiler.trace import TraceRecorder, et_name, trace_name
+from sparselift.profiler.trace import TraceRecorder
 
-
-@dataclass
-class RankReport:
-    """What one rank sends to rank 0 at the end of the window."""
-
-    rank: int
-    device: str
-    step_times_s: list[float]
-    peak_memory_bytes: int
-    files: list[str]
-    errors: list[str]
-    table_steps: list[TableStep] = field(default_factory=list)
-    host: str = ""
+# Re-exported: `sparselift.profiler.session` has always offered these along with the session.
+__all__ = [
+    "ProfileSession",
+    "ProfiledPipeline",
+    "RankReport",
+    "profile_pipeline",
+    "write_manifest",
+    "write_profile",
+]
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -329,25 +315,10 @@ class ProfileSession:
         """Stream the other ranks' trace files into rank 0's directory. Afterwards a rank's
         `files` are those that arrived; a rank whose trace did not is warned and, on rank 0,
         named in `errors`."""
-        paths = [self._trace_dir / f for f in self.files]
-        got = self._guard(lambda: gather_files(paths, self.out_dir), "sending traces to rank 0")
-        if self.rank != 0:
-            shutil.rmtree(self._trace_dir, ignore_errors=True)
-            if got is not None:
-                names, why = got.get(self.rank, ([], None))
-                if self.files and trace_name(self.rank) not in names:
-                    self._guard(
-                        lambda: _raise(OSError(why)), f"writing traces to {self.out_dir} on rank 0"
-                    )
-                self.files = names
-            return
-        for r in reports or []:
-            if r.rank == 0:
-                continue
-            names, why = got.get(r.rank, ([], "not received")) if got else ([], "not received")
-            r.files = names
-            if trace_name(r.rank) not in names:
-                self.errors.append(f"rank {r.rank}'s trace is missing: {why or 'not written'}")
+        self.files, missing = collect_traces(
+            self.rank, self.files, self._trace_dir, self.out_dir, reports, self._guard
+        )
+        self.errors += missing
 
     def _end_steady(self) -> None:
         """Meet the other ranks once with the steady steps; rank 0 rewrites the manifest."""
@@ -372,32 +343,7 @@ class ProfileSession:
             lambda: record_hot_ids(self.out_dir, self.tables, hists),
             f"writing hot ids to {self.out_dir}",
         )
-        batch = next((s.batch_size for s in steps), None)
-        facts = ProfileFacts(
-            world_size=self.world_size,
-            local_world_size=self.local_world_size,
-            device=self.device.type,
-            backend=self.backend,
-            batch_size=batch,
-            warmup=self.first,
-            profiled_steps=self.profiled_steps,
-            tables=table_entries(self.tables, self.spec_tables, alphas, hot),
-            sharding=self.sharding,
-            pipeline=self.pipeline,
-            step_times_s=[r.step_times_s for r in reports],
-            peak_memory_bytes=[r.peak_memory_bytes for r in reports],
-            traces=[trace_name(r.rank) for r in reports if trace_name(r.rank) in r.files],
-            execution_traces=[et_name(r.rank) for r in reports if et_name(r.rank) in r.files],
-            command=self.command if self.command is not None else list(sys.argv),
-            workload=self.workload,
-            errors=[f"rank {r.rank}: {e}" for r in reports for e in r.errors]
-            + [f"rank 0: {e}" for e in self.errors[len(reports[0].errors) :]],  # since gathered
-            gpu=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
-            comm_precision=self.comm_precision,
-            hot_ids=HOT_IDS if hot is not None else None,
-            hosts=[r.host for r in reports],
-            missing_ranks=[r.rank for r in reports if trace_name(r.rank) not in r.files],
-        )
+        facts = profile_facts(self, reports, alphas, hot)
         self._facts = facts
         self.result = dict(rows=rows, facts=asdict(facts))
         if self.write_files:
@@ -405,47 +351,6 @@ class ProfileSession:
                 lambda: write_profile(self.out_dir, rows, facts),
                 f"writing the profile to {self.out_dir}",
             )
-
-
-def _raise(e: Exception) -> None:
-    raise e
-
-
-def write_profile(out_dir: Path, rows: list[dict[str, Any]], facts: ProfileFacts) -> None:
-    """access_stats.parquet, then manifest.json (the manifest last: its presence means complete)."""
-    from sparselift.profiler.outdir import ACCESS_STATS, write_access_stats
-
-    write_access_stats(Path(out_dir, ACCESS_STATS), rows)
-    write_manifest(out_dir, facts)
-
-
-def write_manifest(out_dir: Path, facts: ProfileFacts) -> None:
-    """manifest.json of `facts`, atomically (written again once the steady steps are timed)."""
-    from sparselift.atomic import write_json
-    from sparselift.profiler.outdir import MANIFEST
-
-    write_json(Path(out_dir, MANIFEST), build_manifest(facts))
-
-
-class ProfiledPipeline:
-    """A TorchRec TrainPipeline whose `progress` is one profiled step; the rest passes through."""
-
-    def __init__(self, pipeline: Any, session: ProfileSession) -> None:
-        """Profile `pipeline`'s steps with `session`."""
-        self.pipeline, self.session, self._step = pipeline, session, 0
-
-    def progress(self, dataloader_iter: Any) -> Any:
-        """One training step of the pipeline, between the session's step_begin and step_end."""
-        self.session.step_begin(self._step)
-        try:
-            return self.pipeline.progress(dataloader_iter)
-        finally:
-            self.session.step_end(self._step)
-            self._step += 1
-
-    def __getattr__(self, name: str) -> Any:
-        """Everything else is the pipeline's."""
-        return getattr(self.pipeline, name)
 
 
 def profile_pipeline(
