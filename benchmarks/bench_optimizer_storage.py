@@ -16,9 +16,10 @@ fit even with UVM caching) ship no plan and are counted apart.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+
+from corpus_args import corpus_parser, parse_corpus_args
 
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import coefficients
@@ -44,17 +45,9 @@ def budget_hooked() -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", type=int, default=50)
-    ap.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 128])
-    ap.add_argument("--min-tables", type=int, default=20)
-    ap.add_argument("--max-tables", type=int, default=300)
-    ap.add_argument("--time-limit", type=float, default=10.0)
-    ap.add_argument("--quick", action="store_true", help="3 workloads of 20–40 tables at 8/64")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    if args.quick:
-        args.workloads, args.ranks, args.max_tables, args.time_limit = 3, [8, 64], 40, 3.0
+    ap = corpus_parser(__doc__.splitlines()[0], "3 workloads of 20–40 tables at 8/64")
+    quick = dict(workloads=3, ranks=[8, 64], max_tables=40, time_limit=3.0)
+    args = parse_corpus_args(ap, quick)
     print(f"optimizer plans to TorchRec's budget (hbm_budget): {budget_hooked()}")
     rows = []
     head = (

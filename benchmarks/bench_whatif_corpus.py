@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from corpus_args import corpus_parser, parse_corpus_args
+
 from sparselift import plans
 from sparselift.atomic import write_bytes
 from sparselift.errors import UserError
@@ -207,25 +209,20 @@ def report(rows: list[dict], args: argparse.Namespace, corpus: list[Workload]) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", type=int, default=50)
+    ap = corpus_parser(
+        __doc__.splitlines()[0],
+        "4 workloads of 20–40 tables at 8/64",
+        time_limit_help="SparseLift's solver limit",
+    )
     ap.add_argument(
         "--first-seed", type=int, default=0, help="skip the corpus's first workloads (held out)"
     )
-    ap.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 128])
-    ap.add_argument("--min-tables", type=int, default=20)
-    ap.add_argument("--max-tables", type=int, default=300)
-    ap.add_argument("--time-limit", type=float, default=10.0, help="SparseLift's solver limit")
     ap.add_argument(
         "--torchrec-timeout", type=float, default=20.0, help="TorchRec's own proposing limit"
     )
     ap.add_argument("--cache", default="runs/bench_whatif_torchrec", help="'' for none")
-    ap.add_argument("--quick", action="store_true", help="4 workloads of 20–40 tables at 8/64")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    if args.quick:
-        args.workloads, args.ranks, args.max_tables = 4, [8, 64], 40
-        args.time_limit, args.torchrec_timeout = 3.0, 5.0
+    quick = dict(workloads=4, ranks=[8, 64], max_tables=40, time_limit=3.0, torchrec_timeout=5.0)
+    args = parse_corpus_args(ap, quick)
     cache = Path(args.cache) if args.cache else None
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)

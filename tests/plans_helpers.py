@@ -78,6 +78,12 @@ def doc(plan: plans.Plan) -> dict[str, Any]:
     return copy.deepcopy(plan.to_dict())
 
 
+def model_tables(plan: plans.Plan) -> list[dict[str, Any]]:
+    """The plan's model tables as its file writes them (name, num_embeddings, embedding_dim,
+    feature_names: EmbeddingBagConfig's keywords), fresh copies a test may change."""
+    return doc(plan)["model"]["tables"]
+
+
 def big_plan(n_tables: int = 1000, world: int = 8) -> plans.Plan:
     tables = [
         dict(

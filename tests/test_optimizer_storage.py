@@ -18,18 +18,11 @@ from sparselift.optimizer.space import TW, Choice, OptionClass, PlanWide, enumer
 from sparselift.optimizer.synthetic import synthetic_stats
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import preset
+from sparselift.optimizer.torchrec_prices import canonical_choice
 from sparselift.optimizer.torchrec_referee import storage_verdicts
 from sparselift.optimizer.torchrec_storage import hbm_budget, kjt_reservation, shard_storage
 
 MB = 10**6
-
-
-def _choice(c: OptionClass) -> Choice:
-    if c.located == "rank":
-        return Choice(c, ranks=tuple(range(c.shards)))
-    if c.located == "host":
-        return Choice(c, host=0)
-    return Choice(c)
 
 
 def _tables() -> list[TableStats]:
@@ -51,7 +44,7 @@ def test_shard_storage_is_torchrecs_estimate(world):
     for s in stats:
         for c in enumerate_classes(s, topo, batch):
             wide = PlanWide(pipeline="sparse-dist")
-            plan_list.append(to_plan([s], {s.name: _choice(c)}, topo, wide))
+            plan_list.append(to_plan([s], {s.name: canonical_choice(c)}, topo, wide))
             cases.append((s, c))
     for (s, c), plan in zip(cases, plan_list, strict=True):
         (v,) = storage_verdicts([plan], [s], topo, batch)

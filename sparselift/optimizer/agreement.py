@@ -156,18 +156,19 @@ def both_accept(
     ):
         ours = base
         notes.append("the solve ended above its start, TorchRec's plan: that is the start")
-    start = first if ours is solved else verdicts(base, wide)
-    base_at_wide = verdicts(base, wide).accepted
+    base_at_wide = verdicts(base, wide)
+    start = first if ours is solved else base_at_wide
     if start.accepted:
         return Agreement(dict(ours), wide, start, first, dict(ours) == dict(base), notes)
     back = _set_back(own, book.at(wide), stats, ours, base, wide, (sl_ref, tr_ref))
     if back is None:
-        w = wide if base_at_wide else base_wide
+        w = wide if base_at_wide.accepted else base_wide
         notes.append(
             "kept TorchRec's plan: no mix of the two plans' choices is rated no worse by both "
             f"models (at {w.forward}/{w.backward})"
         )
-        return Agreement(dict(base), w, verdicts(base, w), first, True, notes)
+        kept = base_at_wide if w is wide else verdicts(base, w)
+        return Agreement(dict(base), w, kept, first, True, notes)
     out = {n: back.get(n, ours[n]) for n in ours}
     named = list(back)
     shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
@@ -216,10 +217,8 @@ def _set_back(
     group = {n: group_of(ch.cls) for n, ch in ours.items()}
     hbm = hbm_budget(topo, own.batch_size, stats) if topo.device == "cuda" else np.inf
     caps = np.array([hbm, topo.usable(topo.ddr_bytes)], dtype=float)
-    sl_ref, tr_ref = refs
     fixed_now = float(sum(own.fixed_call_costs(group.values())))
-    sl_now = own.coeffs.dense_step_s + load[:, :NPH].max(axis=0).sum() + fixed_now
-    current = max(sl_now / sl_ref, float(tr.max()) / tr_ref)
+    current = _worse_ratio(own.coeffs.dense_step_s + fixed_now, load, tr, refs)
     left, back = list(names), {}
     while current > 1.0 and left:
         counts = Counter(group.values())
@@ -240,9 +239,9 @@ def _set_back(
             for ch, sl_l, tr_l in cands:
                 if (sl_l[:, [HBM_COL, DDR_COL]] > caps).any():
                     continue
-                r = max((lift + sl_l[:, :NPH].max(axis=0).sum()) / sl_ref, tr_l.max() / tr_ref)
+                r = _worse_ratio(lift, sl_l, tr_l, refs)
                 if best is None or r < best[0]:
-                    best = (float(r), name, ch, sl_l, tr_l)
+                    best = (r, name, ch, sl_l, tr_l)
         if best is None or not best[0] < current:
             return None
         current, name, ch, load, tr = best
@@ -250,6 +249,13 @@ def _set_back(
         group[name] = group_of(ch.cls)
         back[name] = ch
     return back if current <= 1.0 else None
+
+
+def _worse_ratio(lift: float, load: np.ndarray, tr: np.ndarray, refs: tuple[float, float]) -> float:
+    """The larger of the two models' ratios to TorchRec's plan (`refs`) for per-rank loads:
+    SparseLift's step (`lift`, its constant part, plus each phase's busiest rank) and TorchRec's
+    busiest rank."""
+    return float(max((lift + load[:, :NPH].max(axis=0).sum()) / refs[0], tr.max() / refs[1]))
 
 
 def _place_both(

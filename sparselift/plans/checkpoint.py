@@ -18,8 +18,9 @@ column-wise in the same blocks); a one-block momentum loads into every slice.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -55,149 +56,109 @@ def _groups(keys: Any, tables: set[str]) -> set[str]:
     return out
 
 
-def to_virtual(plan: Any, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """An original-layout model state as the split model's (other keys unchanged).
+In = TypeVar("In")
+Out = TypeVar("Out")
 
-    Raises:
-        PlanError: a split table's weight has another shape than the plan's model says.
-    """
+
+@dataclass(frozen=True)
+class _Entries(Generic[In, Out]):
+    """How one kind of entry crosses a split: a model state's weight (a tensor) or an optimizer
+    state's (state name → tensor). `what`: the state in messages; `copy`: an entry that does not
+    change; `split` (plan, key, split, entry): its parts' tensors, and `part` (plan, key, part,
+    entry): a part's tensor (both raise PlanError on what they cannot convert); `wrap` (table or
+    part, tensor): the entry; `cols`: column slices join by column (weights), not by row blocks."""
+
+    what: str
+    copy: Callable[[In], Out]
+    split: Callable[[Any, str, Split, In], list[torch.Tensor]]
+    part: Callable[[Any, str, str, In], torch.Tensor]
+    wrap: Callable[[str, torch.Tensor], Out]
+    cols: bool
+
+
+def _to_virtual(plan: Any, state: Mapping[str, In], kind: _Entries[In, Out]) -> dict[str, Out]:
+    """`state` in the original layout as the split model's: every table of a collection holding
+    a split table moves under `virtual`, a split table's entry becomes its parts' entries."""
     splits = {s.table: s for s in plan.splits}
-    fps = {t.name: t for t in plan.model}
     rewritten = _groups(state, set(splits))
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Out] = {}
     for key, value in state.items():
         p = _parse(key)
         if p is None or p[0] not in rewritten:
-            out[key] = value
+            out[key] = kind.copy(value)
             continue
         prefix, table, rest = p
         inner = f"{prefix}{INNER}.{EBAGS}"
         s = splits.get(table)
         if s is None:
-            out[f"{inner}{table}.{rest}"] = value
+            out[f"{inner}{table}.{rest}"] = kind.copy(value)
             continue
-        fp = fps[table]
-        if tuple(value.shape) != (fp.num_embeddings, fp.embedding_dim):
-            raise PlanError(
-                plan.source,
-                f"{key}: table {table!r} is {tuple(value.shape)} in the checkpoint, "
-                f"({fp.num_embeddings}, {fp.embedding_dim}) in the plan",
-            )
-        for part, v in zip(s.parts, _split_rows(s, value, axis_cols=True), strict=True):
-            out[f"{inner}{part}.{rest}"] = v
+        for part, v in zip(s.parts, kind.split(plan, key, s, value), strict=True):
+            out[f"{inner}{part}.{rest}"] = kind.wrap(part, v)
     return out
 
 
-def to_original(plan: Any, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The split model's state in the original layout (other keys unchanged).
+def _to_original(plan: Any, state: Mapping[str, In], kind: _Entries[In, Out]) -> dict[str, Out]:
+    """The split model's `state` in the original layout (inverse of `_to_virtual`).
 
     Raises:
         PlanError: a part of a split table is missing.
     """
     splits = {s.table: s for s in plan.splits}
     part_of = {p: s for s in plan.splits for p in s.parts}
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Out] = {}
     parts: dict[tuple[str, str, str], dict[str, torch.Tensor]] = {}
     inner = f"{INNER}."
     for key, value in state.items():
         p = _parse(key)
         if p is None or not _is_inner(p[0]):
-            out[key] = value
+            out[key] = kind.copy(value)
             continue
         prefix, table, rest = p[0][: -len(inner)], p[1], p[2]
         s = part_of.get(table)
         if s is None:
-            out[f"{prefix}{EBAGS}{table}.{rest}"] = value
-        else:
-            parts.setdefault((prefix, s.table, rest), {})[table] = value
+            out[f"{prefix}{EBAGS}{table}.{rest}"] = kind.copy(value)
+            continue
+        parts.setdefault((prefix, s.table, rest), {})[table] = kind.part(plan, key, table, value)
     for (prefix, table, rest), got in parts.items():
         s = splits[table]
         missing = [p for p in s.parts if p not in got]
         if missing:
             raise PlanError(
-                plan.source, f"state of split table {table!r} lacks part {missing[0]!r}"
+                plan.source, f"{kind.what} of split table {table!r} lacks part {missing[0]!r}"
             )
-        out[f"{prefix}{EBAGS}{table}.{rest}"] = _join_rows(s, [got[p] for p in s.parts], cols=True)
+        joined = _join_rows(s, [got[p] for p in s.parts], cols=kind.cols)
+        out[f"{prefix}{EBAGS}{table}.{rest}"] = kind.wrap(table, joined)
     return out
 
 
-def optimizer_to_virtual(
-    plan: Any, state: Mapping[str, Mapping[str, torch.Tensor]]
-) -> dict[str, dict[str, torch.Tensor]]:
-    """An original-layout optimizer state as the split model's (see the module docstring).
-
-    Raises:
-        PlanError: a split table has state other than row-wise Adagrad's momentum, or of
-            another length than its rows (times its column blocks).
-    """
-    splits = {s.table: s for s in plan.splits}
-    fps = {t.name: t for t in plan.model}
-    rewritten = _groups(state, set(splits))
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for key, sub in state.items():
-        p = _parse(key)
-        if p is None or p[0] not in rewritten:
-            out[key] = dict(sub)
-            continue
-        prefix, table, rest = p
-        inner = f"{prefix}{INNER}.{EBAGS}"
-        s = splits.get(table)
-        if s is None:
-            out[f"{inner}{table}.{rest}"] = dict(sub)
-            continue
-        momentum = _momentum(plan, key, table, sub)
-        rows = fps[table].num_embeddings
-        if s.kind == "column_slices" and momentum.numel() == rows:
-            pieces = [momentum.clone() for _ in s.parts]
-        elif s.kind == "column_slices" and momentum.numel() == rows * len(s.parts):
-            pieces = [momentum[i * rows : (i + 1) * rows].clone() for i in range(len(s.parts))]
-        elif s.kind != "column_slices" and momentum.numel() == rows:
-            pieces = _split_rows(s, momentum, axis_cols=False)
-        else:
-            raise PlanError(
-                plan.source,
-                f"optimizer state {key}: table {table!r} has {momentum.numel()} momentum values "
-                f"for {rows} rows",
-            )
-        for part, v in zip(s.parts, pieces, strict=True):
-            out[f"{inner}{part}.{rest}"] = {f"{part}.{MOMENTUM}": v}
-    return out
+def _split_weight(plan: Any, key: str, s: Split, value: torch.Tensor) -> list[torch.Tensor]:
+    fp = next(t for t in plan.model if t.name == s.table)
+    if tuple(value.shape) != (fp.num_embeddings, fp.embedding_dim):
+        raise PlanError(
+            plan.source,
+            f"{key}: table {s.table!r} is {tuple(value.shape)} in the checkpoint, "
+            f"({fp.num_embeddings}, {fp.embedding_dim}) in the plan",
+        )
+    return _split_rows(s, value, axis_cols=True)
 
 
-def optimizer_to_original(
-    plan: Any, state: Mapping[str, Mapping[str, torch.Tensor]]
-) -> dict[str, dict[str, torch.Tensor]]:
-    """The split model's optimizer state in the original layout.
-
-    Raises:
-        PlanError: a part of a split table is missing, or has other state than its momentum.
-    """
-    splits = {s.table: s for s in plan.splits}
-    part_of = {p: s for s in plan.splits for p in s.parts}
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    parts: dict[tuple[str, str, str], dict[str, torch.Tensor]] = {}
-    inner = f"{INNER}."
-    for key, sub in state.items():
-        p = _parse(key)
-        if p is None or not _is_inner(p[0]):
-            out[key] = dict(sub)
-            continue
-        prefix, table, rest = p[0][: -len(inner)], p[1], p[2]
-        s = part_of.get(table)
-        if s is None:
-            out[f"{prefix}{EBAGS}{table}.{rest}"] = dict(sub)
-            continue
-        parts.setdefault((prefix, s.table, rest), {})[table] = _momentum(plan, key, table, sub)
-    for (prefix, table, rest), got in parts.items():
-        s = splits[table]
-        missing = [p for p in s.parts if p not in got]
-        if missing:
-            raise PlanError(
-                plan.source, f"optimizer state of split table {table!r} lacks part {missing[0]!r}"
-            )
-        joined = _join_rows(s, [got[p] for p in s.parts], cols=False)
-        out[f"{prefix}{EBAGS}{table}.{rest}"] = {f"{table}.{MOMENTUM}": joined}
-    return out
+def _split_momentum(
+    plan: Any, key: str, s: Split, sub: Mapping[str, torch.Tensor]
+) -> list[torch.Tensor]:
+    momentum = _momentum(plan, key, s.table, sub)
+    rows = next(t for t in plan.model if t.name == s.table).num_embeddings
+    if s.kind == "column_slices" and momentum.numel() == rows:
+        return [momentum.clone() for _ in s.parts]
+    if s.kind == "column_slices" and momentum.numel() == rows * len(s.parts):
+        return [momentum[i * rows : (i + 1) * rows].clone() for i in range(len(s.parts))]
+    if s.kind != "column_slices" and momentum.numel() == rows:
+        return _split_rows(s, momentum, axis_cols=False)
+    raise PlanError(
+        plan.source,
+        f"optimizer state {key}: table {s.table!r} has {momentum.numel()} momentum values "
+        f"for {rows} rows",
+    )
 
 
 def _momentum(plan: Any, key: str, table: str, sub: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -209,6 +170,65 @@ def _momentum(plan: Any, key: str, table: str, sub: Mapping[str, torch.Tensor]) 
             f"a split, found {names}",
         )
     return sub[names[0]]
+
+
+_WEIGHTS = _Entries[torch.Tensor, torch.Tensor](
+    what="state",
+    copy=lambda v: v,
+    split=_split_weight,
+    part=lambda plan, key, part, v: v,
+    wrap=lambda name, v: v,
+    cols=True,
+)
+_OPTIMIZER = _Entries[Mapping[str, torch.Tensor], dict[str, torch.Tensor]](
+    what="optimizer state",
+    copy=dict,
+    split=_split_momentum,
+    part=_momentum,
+    wrap=lambda name, v: {f"{name}.{MOMENTUM}": v},
+    cols=False,
+)
+
+
+def to_virtual(plan: Any, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An original-layout model state as the split model's (other keys unchanged).
+
+    Raises:
+        PlanError: a split table's weight has another shape than the plan's model says.
+    """
+    return _to_virtual(plan, state, _WEIGHTS)
+
+
+def to_original(plan: Any, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The split model's state in the original layout (other keys unchanged).
+
+    Raises:
+        PlanError: a part of a split table is missing.
+    """
+    return _to_original(plan, state, _WEIGHTS)
+
+
+def optimizer_to_virtual(
+    plan: Any, state: Mapping[str, Mapping[str, torch.Tensor]]
+) -> dict[str, dict[str, torch.Tensor]]:
+    """An original-layout optimizer state as the split model's (see the module docstring).
+
+    Raises:
+        PlanError: a split table has state other than row-wise Adagrad's momentum, or of
+            another length than its rows (times its column blocks).
+    """
+    return _to_virtual(plan, state, _OPTIMIZER)
+
+
+def optimizer_to_original(
+    plan: Any, state: Mapping[str, Mapping[str, torch.Tensor]]
+) -> dict[str, dict[str, torch.Tensor]]:
+    """The split model's optimizer state in the original layout.
+
+    Raises:
+        PlanError: a part of a split table is missing, or has other state than its momentum.
+    """
+    return _to_original(plan, state, _OPTIMIZER)
 
 
 def _split_rows(s: Split, value: torch.Tensor, axis_cols: bool) -> list[torch.Tensor]:
