@@ -232,6 +232,8 @@ def tune(
                 "--time-limit",
                 str(time_limit_s),
                 *(["--min-gain", str(min_gain)] if min_gain is not None else []),
+                "--splits",  # a candidate with splits is profiled per virtual table, which the
+                "off",  # next iteration could not plan the model's tables from
                 "--out",
                 nxt,
             ],

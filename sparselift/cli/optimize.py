@@ -88,6 +88,13 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="also write TorchRec's plan for the same inputs (pooling factors, topology)",
     )
+    p.add_argument(
+        "--splits",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto (default): the plan may split tables into virtual tables: hot/cold splits "
+        "from the profile's hot ids, row ranges and column slices; off: TorchRec's options only",
+    )
     p.add_argument("--out", required=True, help="plan file to write")
     p.set_defaults(run=run_optimize)
 
@@ -102,15 +109,16 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
     )
     from sparselift.optimizer.optimize import Inputs
     from sparselift.optimizer.profile_input import read_profile
+    from sparselift.optimizer.split_options import split_options
     from sparselift.optimizer.table_stats import stats_from_spec
     from sparselift.optimizer.topology import load_topology, profiled_topology
 
-    calibration, spec, in_force = None, None, None
+    calibration, spec, in_force, hot = None, None, None, None
     profile = args.profile[0] if args.profile else None
     if profile is not None:
         prof = read_profile(profile, need_calibration=len(args.profile) == 1)
         calibration, stats, batch = prof.calibration, prof.stats, prof.batch_size
-        in_force = prof.plan_in_force
+        in_force, hot = prof.plan_in_force, prof.hot_ids
         if len(args.profile) > 1:
             calibration = _joint_calibration(args.profile)
         provenance: dict[str, Any] = {"profile": str(profile)}
@@ -141,8 +149,9 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
         )
     dense = dense_step_estimate(spec, topo, batch) if spec is not None else 0.0
     provenance["topology"] = topo.preset or args.topology
-    inp = Inputs(stats, topo, batch, coefficients(topo, calibration, dense), provenance)
-    return inp, in_force
+    offered = split_options(stats, topo.world_size, hot) if args.splits == "auto" else {}
+    coeffs = coefficients(topo, calibration, dense)
+    return Inputs(stats, topo, batch, coeffs, provenance, offered), in_force
 
 
 def _joint_calibration(profiles: list[str]) -> dict[str, Any]:
@@ -266,7 +275,10 @@ def _report(
     default: plans.Plan | None,
     baseline: plans.Plan | None,
 ) -> None:
-    """The comparison, the solver's record, the choices and the memory per rank."""
+    """The comparison, the solver's record, the choices (splits, collectives) and the memory
+    per rank."""
+    from sparselift.plans.render import collectives_line, split_lines
+
     s = res.plan.solver or {}
     ours = res.cost.step_time_s
     print(f"\n{'plan':24s} {'step (pred.)':>14s}")
@@ -295,6 +307,12 @@ def _report(
     print(
         f"choices: pipeline {res.plan.pipeline}, comm precision fwd {precision.forward} / bwd "
         f"{precision.backward}; " + _mix(res.plan)
+    )
+    for line in split_lines(res.plan)[2:]:
+        print("split " + line.strip())
+    print(
+        f"collectives: SparseLift {collectives_line(res.plan)}"
+        + (f"; TorchRec {collectives_line(res.baseline)}" if res.baseline is not None else "")
     )
     mem = "HBM" if topo.device == "cuda" else "memory"
     cap = topo.usable(topo.hbm_bytes if topo.device == "cuda" else topo.ddr_bytes)

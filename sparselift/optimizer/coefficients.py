@@ -75,6 +75,8 @@ class Coefficients:
     dense_step_s: float  # dense forward+backward+optimizer per step (a constant of the plan)
     source: str  # "preset <name>" or the calibration path
     lookup_unit: LookupUnit = KERNEL_UNIT  # CPU lookups' work unit (κ, μ) the lookup fits count
+    # a plan with splits: the loader's batch transform, x = ids routed (a_s per split feature)
+    batch_transform: Linear = Linear(0.0, 0.0)
     # per coefficient (COEFFICIENT_NAMES order): (name, MEASURED or ASSUMED, profile or preset);
     # a tuple so that Coefficients stays hashable
     evidence: tuple[tuple[str, str, str], ...] = ()
@@ -128,7 +130,12 @@ COEFFICIENT_NAMES = (
     "pipeline_overhead_s",
     "dense_step_s",
     "lookup_unit",
+    "batch_transform",
 )
+# The batch transform's cost per split feature and per id routed, where no profile measured it:
+# a few vectorized torch ops per feature on the host (CPU), or on the device (CUDA: launches).
+CPU_TRANSFORM = Linear(40e-6, 30e-9)
+CUDA_TRANSFORM = Linear(60e-6, 0.1e-9)
 
 
 # (seconds per call, seconds per work unit) of fbgemm's CPU TBE (see sparselift/kernels.py)
@@ -170,6 +177,7 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
         pipeline_overlap=topo.pipeline_overlap,
         pipeline_overhead_s=topo.pipeline_overhead_s,
         dense_step_s=dense_step_s,
+        batch_transform=CUDA_TRANSFORM if topo.device == "cuda" else CPU_TRANSFORM,
         source=f"preset {topo.preset or 'file'}",
     ).with_evidence(ASSUMED, f"preset {topo.preset or 'topology file'}", COEFFICIENT_NAMES)
 
@@ -233,6 +241,9 @@ def coefficients(
         kw["quantize_b_s"] = quantize_from_net(
             cal.ops["qcomm_quantize"].b_s, kw["output_dist_fwd"].b_s, base.wire_b_s
         )
+    tx = cal.ops.get("batch_transform")
+    if tx is not None:
+        kw["batch_transform"] = Linear(max(0.0, tx.a_s), max(0.0, tx.b_s))
     dp = cal.ops.get("dp_allreduce")
     if dp is not None and dp.overlap is not None:
         kw["dp_overlap"] = min(1.0, max(0.0, dp.overlap))

@@ -22,6 +22,11 @@ stats miss only its own entries; a changed coefficient only re-multiplies cached
 per-call costs (the a_s of a fit) are counted once per sharding-type group present (one
 all-to-all / one TBE per group, as TorchRec batches them).
 
+A virtual table of a split (`split_options`) is priced as any table, plus the loader's batch
+transform on every rank (its ids routed and its share of the split features' calls, in
+lookup_fwd: the transform runs in the step, before the input distribution), at
+ASSUMED_TRANSFORM_MARGIN × its cost where no profile measured it.
+
 Memory per rank: weights + row-wise Adagrad state (one float per row) + the whole-table gradient of
 the dense kernel / data-parallel + UVM cache in HBM (table in host memory) + the sparse-dist
 pipeline's extra batch of ids.
@@ -51,6 +56,7 @@ PHASES = (
 )
 COMPUTE_PHASES = ("lookup_fwd", "lookup_bwd")
 PRECISION_FACTOR = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5}
+ASSUMED_TRANSFORM_MARGIN = 2.0  # the batch transform's price where no profile measured it
 
 
 class PhaseTimes(NamedTuple):
@@ -200,10 +206,17 @@ class CostModel:
                 t_ += 2.0 * coeffs.quantize_b_s * (intra + inter) / FLOAT_BYTES
             return t_
 
+        # an assumed transform cost is priced at a margin: a split must pay even if it is off
+        margin = 1.0 if coeffs.measured("batch_transform") else ASSUMED_TRANSFORM_MARGIN
+        tx_a, tx_b = (margin * x for x in (coeffs.batch_transform.a_s, coeffs.batch_transform.b_s))
+
         def load(n: Counts) -> RankLoad:
             return RankLoad(
                 coeffs.input_dist.b_s * n.ids_intra + coeffs.inter_host_b_s * n.ids_inter,
-                coeffs.lookup_fwd.b_s * n.fwd_work + coeffs.uvm_miss_b_s * n.miss_x,
+                coeffs.lookup_fwd.b_s * n.fwd_work
+                + coeffs.uvm_miss_b_s * n.miss_x
+                + tx_a * n.routed_features
+                + tx_b * n.routed_ids,
                 out(n.out_fwd_intra, n.out_fwd_inter, coeffs.output_dist_fwd.b_s, ff),
                 out(n.out_bwd_intra, n.out_bwd_inter, coeffs.output_dist_bwd.b_s, fb),
                 coeffs.lookup_bwd.b_s * n.bwd_work

@@ -43,6 +43,8 @@ class Counts:
     ar_inter: float = 0.0
     hbm: float = 0.0
     ddr: float = 0.0
+    routed_ids: float = 0.0  # ids the batch transform routes to this virtual table (every rank)
+    routed_features: float = 0.0  # … and split features it is charged for
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,32 @@ def class_counts(
     Raises:
         ValueError: an unknown sharding type, or a UVM-cached class without a load factor.
     """
-    cc = _sparselift_counts(topo, batch_size, t, c, unit)
+    cc = _with_transform(_sparselift_counts(topo, batch_size, t, c, unit), batch_size, t)
     if topo.device != "cuda":
         return cc
     tr = shard_storage(topo, batch_size, t, c)
     own = replace(cc.own, hbm=max(cc.own.hbm, float(tr.hbm)), ddr=max(cc.own.ddr, float(tr.ddr)))
     return replace(cc, own=own)
+
+
+def _with_transform(cc: ClassCounts, batch_size: int, t: TableStats) -> ClassCounts:
+    """`cc` with the batch transform of a virtual table: every rank routes its own batch's ids.
+
+    A placed class's loads are counted once per shard, so each shard carries its share.
+    """
+    if t.split_of is None:
+        return cc
+    per = 1.0 / cc.shards if cc.located == "rank" else 1.0
+    ids, feats = batch_size * t.ids_per_sample * per, t.routed_features * per
+
+    def add(n: Counts) -> Counts:
+        return replace(n, routed_ids=n.routed_ids + ids, routed_features=n.routed_features + feats)
+
+    if cc.located == "all":
+        return replace(cc, own=add(cc.own))
+    return replace(
+        cc, own=add(cc.own), remote_intra=add(cc.remote_intra), remote_inter=add(cc.remote_inter)
+    )
 
 
 def _sparselift_counts(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sparselift.errors import UserError
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.space import OptionClass, PlanWide, enumerate_classes
+from sparselift.optimizer.split_options import SplitOption
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 from sparselift.optimizer.torchrec_storage import hbm_budget
@@ -49,6 +52,32 @@ def feasible_classes(
     cap_total = topo.world_size * (hbm_cap + (ddr_cap if topo.has_uvm or not gpu else 0))
     if stuck or total > cap_total:
         raise UserError(_refusal(topo, stats, stuck, smallest, total, cap_total, hbm_cap))
+    return out
+
+
+def part_classes(
+    model: CostModel, options: Mapping[str, list[SplitOption]], plan_wide: PlanWide
+) -> dict[str, list[OptionClass]]:
+    """Each split part's classes: those its option allows whose own per-rank memory fits a rank.
+
+    A part without any leaves its option out (`Problem`); nothing is refused here, as the model
+    tables themselves still fit (`feasible_classes`).
+    """
+    topo = model.topo
+    hbm_cap = hbm_budget(topo, model.batch_size, [])
+    ddr_cap = topo.usable(topo.ddr_bytes)
+    gpu = topo.device == "cuda"
+    out: dict[str, list[OptionClass]] = {}
+    for opts in options.values():
+        for o in opts:
+            for part, types in zip(o.parts, o.sharding_types, strict=True):
+                out[part.name] = [
+                    c
+                    for c in enumerate_classes(part, topo, model.batch_size)
+                    if (not types or c.sharding_type in types)
+                    and (own := model.terms(part, c, plan_wide).own).ddr_bytes <= ddr_cap
+                    and (not gpu or own.hbm_bytes <= hbm_cap)
+                ]
     return out
 
 

@@ -6,6 +6,11 @@ phase_max ≥ the phase's load on every rank (exact) or on the average rank (agg
 overlap·phase_max[input_dist] and hidden = 0 unless the sparse-dist pipeline is chosen; memory
 per rank (HBM and DDR) is a hard constraint. Times are integer nanoseconds, memory integer bytes.
 
+A model table with splits on offer (`Problem.splits`) gets one boolean per way of running it,
+`split[table|i]` (itself, or split option i), exactly one true; the classes of each way's tables
+(itself, or the option's parts) sum to it. Everything below then holds for every table of the
+way chosen; the others carry no load.
+
 * `build_exact`: booleans `use[table|class]` and, for placed shards, `place[table|class@rank]`
   (Σ_rank place = shards·use: a column-wise table's shards sit on distinct ranks, which removes
   the symmetry of identical shards) or `place[table|class@host]` for table-row-wise. Every rank's
@@ -81,12 +86,21 @@ def _ns(x: float) -> int:
 def _classes_and_fixed_costs(
     p: Problem, m: cp_model.CpModel, use: UseVars
 ) -> tuple[list[Any], cp_model.IntVar]:
-    """Exactly one class per table; `group_used` per (sharding type, kernel) group and `a2a_used`
+    """Exactly one way per model table (itself or one of its splits, `split[table|i]`) and one
+    class per table of that way; `group_used` per (sharding type, kernel) group and `a2a_used`
     per sharding type, implied by the chosen classes; each phase's fixed per-call cost as an
     expression of them (one all-to-all per sharding type, one TBE per group, as TorchRec batches
     them); and the pipeline boolean. Returns (fixed cost per phase, sparse_dist)."""
     for s in p.stats:
-        m.add_exactly_one([use[s.name, c] for c in p.classes[s.name]])
+        ways = p.alternatives(s.name)
+        if len(ways) == 1:
+            m.add_exactly_one([use[s.name, c] for c in p.classes[s.name]])
+            continue
+        chosen = [m.new_bool_var(f"split[{s.name}|{i}]") for i in range(len(ways))]
+        m.add_exactly_one(chosen)
+        for way, x in zip(ways, chosen, strict=True):
+            for name in way:
+                m.add(sum(use[name, c] for c in p.classes[name]) == x)
     groups: dict[tuple[str, str], cp_model.IntVar] = {}
     for (_, c), v in use.items():
         g = group_of(c)
@@ -187,8 +201,12 @@ def add_warm_start(p: Problem, built: CpModelVars, hint: Mapping[str, Choice] | 
     elif not hint:
         return
     m, use, place = built.model, built.use, built.place
-    for s in p.stats:
+    for s in p.tables:
         ch = hint.get(s.name)
+        if ch is None and any(way[0] in hint for way in p.alternatives(s.split_of or "")):
+            for c in p.classes[s.name]:  # another way of its model table is hinted
+                m.add_hint(use[s.name, c], False)
+            continue
         if ch is None or (s.name, ch.cls) not in use:
             continue
         for c in p.classes[s.name]:
@@ -224,7 +242,7 @@ def _exact_load_parts(p: Problem, use: UseVars, place: PlaceVars) -> _RankLoadPa
     own_part: list[list[list[Any]]] = [[[] for _ in range(LOAD_WIDTH)] for _ in range(W)]
     load_ub = [0.0] * LOAD_WIDTH
     single: list[dict[str, list[Any]]] = [{} for _ in PHASES]
-    for s in p.stats:
+    for s in p.tables:
         worst = [0.0] * LOAD_WIDTH
         for c in p.classes[s.name]:
             terms = p.terms(s.name, c)
@@ -283,7 +301,7 @@ def build_exact(p: Problem) -> CpModelVars:
     m = cp_model.CpModel()
     use: UseVars = {}
     place: PlaceVars = {}
-    for s in p.stats:
+    for s in p.tables:
         for c in p.classes[s.name]:
             use[s.name, c] = v = m.new_bool_var(f"use[{s.name}|{c.label}]")
             if c.located == "rank":
@@ -354,14 +372,14 @@ def build_aggregate(p: Problem) -> CpModelVars:
     m = cp_model.CpModel()
     use: UseVars = {
         (s.name, c): m.new_bool_var(f"use[{s.name}|{c.label}]")
-        for s in p.stats
+        for s in p.tables
         for c in p.classes[s.name]
     }
     fixed_cost, sparse_dist = _classes_and_fixed_costs(p, m, use)
     summed: list[list[Any]] = [[] for _ in range(LOAD_WIDTH)]  # Σ_ranks load (÷ W below)
     load_ub = [0.0] * LOAD_WIDTH
     single: list[list[tuple[str, int, cp_model.IntVar]]] = [[] for _ in range(nph)]
-    for s in p.stats:
+    for s in p.tables:
         worst = [0.0] * LOAD_WIDTH
         for c in p.classes[s.name]:
             terms = p.terms(s.name, c)

@@ -4,7 +4,9 @@ of every coefficient it was priced with.
 
 Options that only evidence can justify are gated (`robust`): UVM caching only where memory
 forces it, the sparse-dist pipeline only with a measured overlap, 16-bit collectives only with
-measured costs or, for unprofiled hardware, TorchRec's estimator's agreement."""
+measured costs or, for unprofiled hardware, TorchRec's estimator's agreement. Splits of tables
+into virtual tables (`Inputs.splits`) are offered only where SparseLift's model alone decides:
+what-if plans that must also hold under TorchRec's estimator get none, as it cannot price them."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from sparselift.optimizer.robust import (
     torchrec_agrees,
 )
 from sparselift.optimizer.space import Choice, OptionClass, PlanWide
+from sparselift.optimizer.split_options import SplitOption, chosen_splits, part_stats
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 from sparselift.optimizer.torchrec_storage import hbm_budget
@@ -54,6 +57,7 @@ class Inputs:
         batch_size: samples per rank.
         coeffs: the cost coefficients.
         provenance: facts recorded in the plan (profile or workload, topology).
+        splits: per table, the splits it may take (`split_options`); none by default.
     """
 
     stats: list[TableStats]
@@ -61,6 +65,7 @@ class Inputs:
     batch_size: int
     coeffs: Coefficients
     provenance: dict[str, Any] = field(default_factory=dict)
+    splits: dict[str, list[SplitOption]] = field(default_factory=dict)
 
 
 @dataclass
@@ -204,10 +209,13 @@ def optimize(
         raise UserError("the workload has no tables")
     model = CostModel(inp.topo, inp.batch_size, inp.coeffs)
     plan_wide, notes, consult = gate_precision(model, choose_precision(model))
-    by_name = {s.name: s for s in inp.stats}
+    two = two_model_mode(inp.topo, inp.coeffs)
+    splits = {} if two else inp.splits
+    if two and inp.splits:
+        notes.append("no splits: TorchRec's estimator, which what-if plans answer to, has none")
+    by_name = {s.name: s for s in (*inp.stats, *part_stats(splits))}
     base = _CheapestBaseline(model, by_name, (baseline, *other_baselines), pending_baselines)
     book = PriceBook(inp.stats, inp.topo, inp.batch_size)
-    two = two_model_mode(inp.topo, inp.coeffs)
     t0 = time.perf_counter()
 
     def solve_at(
@@ -236,6 +244,7 @@ def optimize(
             wide,
             objective if two else None,
             improve if two else None,
+            splits=splits,
             time_limit_s=limit_s,
             seed=seed,
             workers=workers,
@@ -320,6 +329,7 @@ def optimize(
                 f"faster, below the {1 + min_gain:.2f}x a change needs"
             )
     cost = model.evaluate(by_name, choices, plan_wide)
+    chosen = chosen_splits(splits, choices)
     objective = minimized.evaluate(by_name, choices, plan_wide).step_time_s
     gap = max(0.0, (objective - sol.bound_s) / objective) if objective > 0 else 0.0
     solver_rec = {
@@ -341,12 +351,17 @@ def optimize(
         "batch_size": inp.batch_size,
         "tool": "sparselift optimize",
     }
+    predicted = cost.predicted()
+    if chosen:  # what each split was priced at, for reports
+        predicted["splits"] = {
+            o.table: {"option": o.label, "hot_share": o.hot_share} for o in chosen
+        }
     if kept and base_plan is not None:  # TorchRec's plan as it is (its splits too), our records
         precision = plans.CommPrecision(forward=plan_wide.forward, backward=plan_wide.backward)
         plan = dataclasses.replace(
             base_plan,
             comm_precision=precision,
-            predicted=cost.predicted(),
+            predicted=predicted,
             solver=solver_rec,
             provenance=provenance,
         )
@@ -356,9 +371,10 @@ def optimize(
             choices,
             inp.topo,
             plan_wide,
-            predicted=cost.predicted(),
+            predicted=predicted,
             solver=solver_rec,
             provenance=provenance,
+            splits=chosen,
         )
     plan = dataclasses.replace(  # a kept plan gets our records too: evidence, statistics
         plan,

@@ -33,21 +33,30 @@ class _Piece(NamedTuple):
 
 
 def cheapest_average(p: Problem) -> dict[str, Choice]:
-    """Each table's class with the least average per-rank time, memory-lightest first on ties.
+    """Each table's class with the least average per-rank time, memory-lightest first on ties
+    (and for a table with splits, the way of running it whose classes so chosen cost least).
 
     The decomposed formulation's warm start when no plan is given: without one CP-SAT may spend
     its budget before a first solution. Placed classes come without ranks (a hint on classes).
     """
     topo = p.topo
     W, L = topo.world_size, topo.local_world_size
+
+    def key(name: str, c: OptionClass) -> tuple[float, float]:
+        total = load_over_ranks(p.terms(name, c), c, W, L)
+        return (sum(total[: len(PHASES)]), total[HBM_COL] + total[DDR_COL])
+
+    def cheapest(name: str) -> OptionClass:
+        return min(p.classes[name], key=lambda c: (*key(name, c), c))
+
     out = {}
     for s in p.stats:
-
-        def key(c: OptionClass, name: str = s.name) -> tuple[Any, ...]:
-            total = load_over_ranks(p.terms(name, c), c, W, L)
-            return (sum(total[: len(PHASES)]), total[HBM_COL] + total[DDR_COL], c)
-
-        out[s.name] = Choice(min(p.classes[s.name], key=key))
+        best = {name: cheapest(name) for way in p.alternatives(s.name) for name in way}
+        way = min(  # the model table itself on ties (listed first)
+            p.alternatives(s.name),
+            key=lambda w: tuple(map(sum, zip(*(key(n, best[n]) for n in w), strict=True))),
+        )
+        out.update({name: Choice(best[name]) for name in way})
     return out
 
 
@@ -60,9 +69,9 @@ def place_greedy(p: Problem, classes: Mapping[str, OptionClass]) -> dict[str, Ch
 
     Args:
         p: the problem (terms, memory caps).
-        classes: the class chosen for every table.
+        classes: the class chosen for every table run (a split table's parts, not itself).
     Returns:
-        Every table's choice.
+        Their choices.
     Raises:
         UserError: a shard finds no rank (or host) with memory left for it.
     """
@@ -73,7 +82,9 @@ def place_greedy(p: Problem, classes: Mapping[str, OptionClass]) -> dict[str, Ch
     cap = np.array([p.hbm_cap if p.on_gpu else np.inf, p.ddr_cap])
     pieces: list[_Piece] = []
     out: dict[str, Choice] = {}
-    for s in p.stats:
+    for s in p.tables:
+        if s.name not in classes:
+            continue
         c = classes[s.name]
         terms = p.terms(s.name, c)
         own = np.array(terms.own)

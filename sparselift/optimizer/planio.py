@@ -6,13 +6,15 @@ plan the optimizer writes is the sharding TorchRec would construct for that opti
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sparselift import plans
 from sparselift.errors import UserError
 from sparselift.kernels import expected_unique
 from sparselift.optimizer.space import CW, DP, RW, TW, TWRW, Choice, OptionClass, PlanWide
+from sparselift.optimizer.split_options import SplitOption
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 
@@ -125,12 +127,13 @@ def to_plan(
     provenance: dict[str, Any] | None = None,
     module: str | None = None,
     batch_size: int | None = None,
+    splits: Sequence[SplitOption] = (),
 ) -> plans.Plan:
     """The optimizer's choices as a validated plan.
 
     Args:
-        stats: the tables, in the plan's order.
-        choices: every table's choice.
+        stats: the model's tables, in the plan's order.
+        choices: every table's choice (a split table's parts' in its stead).
         topo: the target topology.
         plan_wide: collective precision and pipeline.
         predicted, solver, provenance: the plan's records (`PlanCost.predicted()`, the solver's).
@@ -138,6 +141,7 @@ def to_plan(
         batch_size: samples per rank the statistics were priced at, for the plan's statistics
             digest (`statistics_digest`); default the `batch_size` `provenance` records (the
             optimizer's). With neither, the plan has no digest.
+        splits: the splits chosen (plan format 2); their parts get the plan's part names.
     Returns:
         The plan (round-tripped through its dict, so it is what a reader of the file gets).
     Raises:
@@ -148,7 +152,11 @@ def to_plan(
     plan = plans.Plan(
         model=fingerprints(stats),
         topology=plan_topology(topo),
-        tables=[table_plan(t, choices[t.name], topo) for t in stats],
+        tables=[
+            table_plan(_plan_named(q, splits), choices[q.name], topo)
+            for q in _sharded(stats, splits)
+        ],
+        splits=[o.split() for o in splits],
         comm_precision=plans.CommPrecision(forward=plan_wide.forward, backward=plan_wide.backward),
         pipeline=plan_wide.pipeline,
         module=module,
@@ -159,6 +167,20 @@ def to_plan(
         source="<sparselift optimize>",
     )
     return plans.Plan.from_dict(plan.to_dict(), plan.source)
+
+
+def _sharded(stats: list[TableStats], splits: Sequence[SplitOption]) -> list[TableStats]:
+    """The tables as sharded: each split table replaced by its parts."""
+    by_table = {o.table: o for o in splits}
+    return [q for t in stats for q in (by_table[t.name].parts if t.name in by_table else (t,))]
+
+
+def _plan_named(part: TableStats, splits: Sequence[SplitOption]) -> TableStats:
+    """`part` under its name in the plan file (a model table: itself)."""
+    for o in splits:
+        if part in o.parts:
+            return dataclasses.replace(part, name=o.plan_names[o.parts.index(part)])
+    return part
 
 
 def choices_from_plan(plan: Any, topo: Topology) -> tuple[dict[str, Choice], PlanWide]:

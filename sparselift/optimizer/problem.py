@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import CostModel, RankLoad, Terms, sum_rank_loads
 from sparselift.optimizer.space import Choice, OptionClass, PlanWide
+from sparselift.optimizer.split_options import SplitOption
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 from sparselift.optimizer.torchrec_storage import hbm_budget
@@ -37,11 +38,14 @@ class Problem:
         risky: the (table, class) pairs the secondary objective counts as risky.
         risk_penalty_ns: the objective's penalty per risky choice (and for the pipeline), in
             nanoseconds; 0 turns the secondary objective off.
+        splits: per model table, the splits it may take instead (`split_options`); every part
+            needs its classes in `classes` (an option with a part without any is not offered).
 
-    Derived: `by_name` (stats by table name), `term_table` (Terms per (table, class) of
-    `classes`), `hbm_cap` / `ddr_cap` (bytes per rank the tables may use; HBM: no more than
-    TorchRec's planner leaves them, `torchrec_storage.hbm_budget`) and `pipeline_buffer_bytes` (what
-    the sparse-dist pipeline adds to every rank).
+    Derived: `tables` (every table a class is chosen for: the model's, then each option's parts),
+    `by_name` (their stats by name), `term_table` (Terms per (table, class) of `classes`),
+    `hbm_cap` / `ddr_cap` (bytes per rank the tables may use; HBM: no more than TorchRec's
+    planner leaves them, `torchrec_storage.hbm_budget`) and `pipeline_buffer_bytes` (what the
+    sparse-dist pipeline adds to every rank).
     """
 
     stats: list[TableStats]
@@ -51,6 +55,8 @@ class Problem:
     allow_sparse_dist: bool = True
     risky: frozenset[tuple[str, OptionClass]] = frozenset()
     risk_penalty_ns: int = 0
+    splits: dict[str, list[SplitOption]] = field(default_factory=dict)
+    tables: list[TableStats] = field(init=False, repr=False)
     by_name: dict[str, TableStats] = field(init=False, repr=False)
     term_table: dict[tuple[str, OptionClass], Terms] = field(init=False, repr=False)
     hbm_cap: int = field(init=False)
@@ -58,10 +64,16 @@ class Problem:
     pipeline_buffer_bytes: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.by_name = {s.name: s for s in self.stats}
+        self.splits = {
+            name: kept
+            for name, opts in self.splits.items()
+            if (kept := [o for o in opts if all(self.classes.get(q.name) for q in o.parts)])
+        }
+        self.tables = [*self.stats, *(q for o in self.options() for q in o.parts)]
+        self.by_name = {s.name: s for s in self.tables}
         self.term_table = {
             (s.name, c): self.model.terms(s, c, self.plan_wide)
-            for s in self.stats
+            for s in self.tables
             for c in self.classes[s.name]
         }
         topo = self.model.topo
@@ -92,12 +104,20 @@ class Problem:
             self.term_table[key] = self.model.terms(self.by_name[name], cls, self.plan_wide)
         return self.term_table[key]
 
+    def options(self) -> list[SplitOption]:
+        """Every split offered, in table order."""
+        return [o for s in self.stats for o in self.splits.get(s.name, ())]
+
+    def alternatives(self, name: str) -> list[tuple[str, ...]]:
+        """The ways model table `name` may be run: itself, then each split's parts."""
+        return [(name,), *(o.part_names for o in self.splits.get(name, ()))]
+
     def count_placements(self) -> int:
         """The exact model's size: one boolean per (table, class, rank or host), 1 for classes
         on every rank."""
         t = self.topo
         n = 0
-        for s in self.stats:
+        for s in self.tables:
             for c in self.classes[s.name]:
                 if c.located == "rank":
                     n += t.world_size

@@ -15,6 +15,7 @@ from sparselift import plans
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import load_calibration
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
+from sparselift.profiler.hot_ids import HotIds, read_hot_ids
 
 
 @dataclass
@@ -27,12 +28,15 @@ class ProfileInput:
         calibration: calibration.json's object, or None where the profile has none.
         plan_in_force: the plan the profiled run trained with (`plan_in_force`), or None where
             the manifest does not describe it whole.
+        hot_ids: each table's hottest ids (`hot_ids.parquet`), or None where the profile did
+            not record them.
     """
 
     stats: list[TableStats]
     batch_size: int
     calibration: dict[str, Any] | None
     plan_in_force: plans.Plan | None = None
+    hot_ids: dict[str, HotIds] | None = None
 
 
 def read_profile(profile_dir: str | Path, *, need_calibration: bool) -> ProfileInput:
@@ -45,8 +49,9 @@ def read_profile(profile_dir: str | Path, *, need_calibration: bool) -> ProfileI
     Returns:
         The statistics, batch size and calibration.
     Raises:
-        UserError: not a directory; no calibration.json where needed; a bad calibration.json or
-            access_stats.parquet (the message names the file).
+        UserError: not a directory; a profile of a model with split tables; no calibration.json
+            where needed; a bad calibration.json,
+            access_stats.parquet or hot_ids.parquet (the message names the file).
     """
     cal = Path(profile_dir, "calibration.json")
     if not Path(profile_dir).is_dir():
@@ -57,8 +62,23 @@ def read_profile(profile_dir: str | Path, *, need_calibration: bool) -> ProfileI
         )
     calibration = load_calibration(cal) if cal.is_file() else None
     stats, batch = stats_from_profile(profile_dir)
+    virtual = [s.name for s in stats if _virtual(s)]
+    if virtual:
+        raise UserError(
+            f"{profile_dir}: profiled with a plan that splits tables (virtual tables "
+            f"{', '.join(virtual[:3])}{' …' if len(virtual) > 3 else ''}); planning reads the "
+            "model's own tables: profile the job with a plan without splits"
+        )
     manifest = json.loads(Path(profile_dir, "manifest.json").read_text())
-    return ProfileInput(stats, batch, calibration, plan_in_force(manifest))
+    recorded = (manifest.get("files") or {}).get("hot_ids")
+    hot = read_hot_ids(profile_dir) if recorded else None
+    return ProfileInput(stats, batch, calibration, plan_in_force(manifest), hot)
+
+
+def _virtual(t: TableStats) -> bool:
+    """Whether `t` is a virtual table of a split: its features are `virtual_feature(f, t)`."""
+    names = t.feature_names
+    return bool(names) and all(f.endswith("/" + t.name) for f in names)
 
 
 PIPELINES = {"TrainPipelineBase": "base", "TrainPipelineSparseDist": "sparse-dist"}

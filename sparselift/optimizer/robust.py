@@ -31,11 +31,12 @@ from typing import Any
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import PHASES, CostModel
-from sparselift.optimizer.feasibility import feasible_classes
+from sparselift.optimizer.feasibility import feasible_classes, part_classes
 from sparselift.optimizer.placement import cheapest_average
 from sparselift.optimizer.problem import NS, Problem, Solution, load_over_ranks
 from sparselift.optimizer.solver import solve
 from sparselift.optimizer.space import DP, FUSED, UVM_CACHING, Choice, OptionClass, PlanWide
+from sparselift.optimizer.split_options import SplitOption
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.whatif import PriceBook
 
@@ -99,7 +100,7 @@ def risk_penalty_ns(p: Problem) -> int:
     that all of them together stay within the tolerance; at least 1 ns where there is any.
     """
     coeffs = p.coeffs
-    n = sum(1 for s in p.stats if any(risky_class(c, coeffs) for c in p.classes[s.name]))
+    n = sum(1 for s in p.tables if any(risky_class(c, coeffs) for c in p.classes[s.name]))
     n += 1 if p.allow_sparse_dist else 0
     if n == 0:
         return 0
@@ -129,7 +130,7 @@ def drop_dominated_uvm(p: Problem, choices: dict[str, Choice], pipeline: str) ->
     Returns:
         The cleaned choices (`choices` itself when no table uses UVM caching).
     """
-    uvm = [s.name for s in p.stats if choices[s.name].cls.kernel == UVM_CACHING]
+    uvm = [name for name, ch in choices.items() if ch.cls.kernel == UVM_CACHING]
     if not uvm:
         return choices
     wide = PlanWide(p.plan_wide.forward, p.plan_wide.backward, pipeline)
@@ -153,6 +154,7 @@ def robust_problem(
     model: CostModel,
     plan_wide: PlanWide,
     classes: dict[str, list[OptionClass]],
+    splits: dict[str, list[SplitOption]] | None = None,
 ) -> Problem:
     """A `Problem` with this module's rules set: the pipeline only where measured, the risky
     (table, class) pairs and the penalty per risky choice."""
@@ -160,7 +162,9 @@ def robust_problem(
     risky = frozenset(
         (name, c) for name, cs in classes.items() for c in cs if risky_class(c, coeffs)
     )
-    p = Problem(stats, model, plan_wide, classes, pipeline_measured(coeffs), risky)
+    p = Problem(
+        stats, model, plan_wide, classes, pipeline_measured(coeffs), risky, splits=splits or {}
+    )
     p.risk_penalty_ns = risk_penalty_ns(p)
     return p
 
@@ -171,6 +175,7 @@ def solve_without_dominated(
     plan_wide: PlanWide,
     objective: Callable[[dict[str, list[OptionClass]]], CostModel] | None = None,
     polish: Callable[[Problem, dict[str, Choice]], dict[str, Choice]] | None = None,
+    splits: dict[str, list[SplitOption]] | None = None,
     **solve_kw: Any,
 ) -> Solution:
     """Solve without UVM caching where memory allows, then drop the UVM choices that buy nothing.
@@ -183,6 +188,7 @@ def solve_without_dominated(
             planning's two models, `whatif`); None: `model`.
         polish: what improves the solved choices (given the problem), before the UVM choices
             that buy nothing are dropped; None: nothing.
+        splits: per table, the splits it may take (`split_options`); None: none.
         **solve_kw: `solver.solve`'s keywords (time limit, seed, workers, mode, progress, warm
             start).
     Returns:
@@ -192,9 +198,11 @@ def solve_without_dominated(
             caching.
     """
     classes = feasible_classes(model, stats, plan_wide)
+    if splits:
+        classes.update(part_classes(model, splits, plan_wide))
 
     def problem(cs: dict[str, list[OptionClass]]) -> Problem:
-        return robust_problem(stats, objective(cs) if objective else model, plan_wide, cs)
+        return robust_problem(stats, objective(cs) if objective else model, plan_wide, cs, splits)
 
     plain = without_uvm(classes)
     if plain is not None:

@@ -124,7 +124,8 @@ def solve(
         given_cost = p.model.evaluate(
             p.by_name, given, PlanWide(p.plan_wide.forward, p.plan_wide.backward)
         ).step_time_s
-        if all(ch.cls in p.classes[n] for n, ch in given.items()) and given_cost < first_cost:
+        in_space = all(ch.cls in p.classes.get(n, ()) for n, ch in given.items())
+        if in_space and given_cost < first_cost:
             hint = given
     try:
         exact = once("exact", AUTO_EXACT_SHARE * time_limit_s, lambda: hint)
@@ -198,7 +199,7 @@ def solve_once(
         if name != "OPTIMAL":
             choices = improve_placement(p, choices, pipeline)
     else:
-        classes = {s.name: read_class(p, built, solver, s.name) for s in p.stats}
+        classes = {name: read_class(p, built, solver, name) for name in chosen(p, built, solver)}
         choices = improve_placement(p, place_greedy(p, classes), pipeline)
         name = "FEASIBLE" if name == "OPTIMAL" else name  # optimal for the relaxation only
     if solver.wall_time >= prm.max_time_in_seconds - 0.5:
@@ -219,25 +220,35 @@ def solve_once(
 
 # ----------------------------------------------------------------------------------- read-outs
 def read_exact(p: Problem, built: CpModelVars, solver: cp_model.CpSolver) -> dict[str, Choice]:
-    """Every table's choice (class and ranks or host) from a solved exact model."""
+    """Every table's choice (class and ranks or host) from a solved exact model (a split
+    table's parts in its stead)."""
     out = {}
-    for s in p.stats:
-        c = read_class(p, built, solver, s.name)
+    for name in chosen(p, built, solver):
+        c = read_class(p, built, solver, name)
         if c.located == "rank":
             ranks = tuple(
-                r for r in range(p.topo.world_size) if solver.value(built.place[s.name, c, r])
+                r for r in range(p.topo.world_size) if solver.value(built.place[name, c, r])
             )
-            out[s.name] = Choice(c, ranks=ranks)
+            out[name] = Choice(c, ranks=ranks)
         elif c.located == "host":
-            out[s.name] = Choice(
+            out[name] = Choice(
                 c,
                 host=next(
-                    h for h in range(p.topo.num_hosts) if solver.value(built.place[s.name, c, h])
+                    h for h in range(p.topo.num_hosts) if solver.value(built.place[name, c, h])
                 ),
             )
         else:
-            out[s.name] = Choice(c)
+            out[name] = Choice(c)
     return out
+
+
+def chosen(p: Problem, built: CpModelVars, solver: cp_model.CpSolver) -> list[str]:
+    """The tables a solved model runs: each model table, or the parts of the split chosen."""
+    return [
+        s.name
+        for s in p.tables
+        if any(solver.value(built.use[s.name, c]) for c in p.classes[s.name])
+    ]
 
 
 def read_class(p: Problem, built: CpModelVars, solver: cp_model.CpSolver, name: str) -> OptionClass:

@@ -30,6 +30,10 @@ class TableStats:
     top1pct_share: float | None = None  # measured share of accesses to the hottest 1% rows
     top10pct_share: float | None = None
     feature_names: tuple[str, ...] = ()
+    # a virtual table of a split (`split_options`): the model table it is a part of, and the
+    # share of that table's split features whose batch-transform calls this part is charged
+    split_of: str | None = None
+    routed_features: float = 0.0
 
     def hot_share(self, fraction: float) -> float:
         """Share of accesses that hit the hottest `fraction` of rows (what a cache of that size

@@ -6,6 +6,7 @@ from sparselift.plans.plan import Plan
 from sparselift.plans.types import Split, TablePlan
 
 # Sharding types as the per-table view abbreviates them.
+DP = "data_parallel"
 SHORT = {
     "data_parallel": "DP",
     "table_wise": "TW",
@@ -71,6 +72,7 @@ def show(plan: Plan) -> str:
         f"  comm        forward {plan.comm_precision.forward}, "
         f"backward {plan.comm_precision.backward}",
         f"  model       {len(plan.model)} tables" + (f" in {plan.module}" if plan.module else ""),
+        f"  collectives {collectives_line(plan)}",
     ]
     if plan.solver:
         facts = ", ".join(
@@ -132,14 +134,37 @@ def show(plan: Plan) -> str:
 STATISTICS_SHOWN = 10  # tables `show` lists of a plan's statistics digest; the file has them all
 
 
+def collective_types(plan: Plan) -> list[str]:
+    """The model-parallel sharding types of the plan's tables, in plan order: TorchRec runs one
+    input all-to-all and one output all-to-all (forward, and its gradient backward) per type."""
+    return list(dict.fromkeys(t.sharding_type for t in plan.tables if t.sharding_type != DP))
+
+
+def collectives_line(plan: Plan) -> str:
+    """ "N all-to-all pairs per step (types …)", and the data-parallel tables' all-reduce."""
+    types = collective_types(plan)
+    dp = any(t.sharding_type == DP for t in plan.tables)
+    return (
+        f"{len(types)} all-to-all pair{'s' if len(types) != 1 else ''} per step"
+        + (f" ({', '.join(types)})" if types else "")
+        + ("; data-parallel tables' gradients all-reduced with the dense ones" if dp else "")
+    )
+
+
 def split_lines(plan: Plan) -> list[str]:
-    """The plan's splits for people, one line each ([] without splits)."""
+    """The plan's splits for people, one line each ([] without splits); a hot/cold split's
+    share of lookups where the plan's prediction records it."""
     if not plan.splits:
         return []
     lines = ["", "splits (virtual tables)"]
+    shares = (plan.predicted or {}).get("splits") or {}
     for s in plan.splits:
         if s.kind == "hot_cold":
             what = f"{len(s.hot_ids):,} hot rows in {s.parts[0]}, the rest in {s.parts[1]}"
+            share = (shares.get(s.table) or {}).get("hot_share")
+            if isinstance(share, (int, float)):
+                rows = f"{len(s.hot_ids):,} hot rows ({share:.0%} of lookups)"
+                what = f"{rows} in {s.parts[0]}, the rest in {s.parts[1]}"
         else:
             word = "rows" if s.kind == "row_ranges" else "cols"
             what = ", ".join(

@@ -1,0 +1,182 @@
+"""The optimizer's splits: offered from measured hot ids, chosen exactly when the cost model says
+they pay (checked against solving every way of running the table on its own), written as plan
+format 2, and refused where the evidence does not fit (stale hot ids, a profile of a split model).
+
+Real solver, real cost model, real plan loader; the constructed tables make a split pay or not.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparselift import plans
+from sparselift.errors import UserError
+from sparselift.optimizer.coefficients import MEASURED, Linear, from_topology
+from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.feasibility import feasible_classes, part_classes
+from sparselift.optimizer.optimize import Inputs, optimize
+from sparselift.optimizer.problem import Problem
+from sparselift.optimizer.profile_input import read_profile
+from sparselift.optimizer.solver import solve
+from sparselift.optimizer.space import DP, TW, PlanWide
+from sparselift.optimizer.split_options import (
+    HOT_COVERAGES,
+    hot_cold_from_zipf,
+    row_range_options,
+    split_options,
+)
+from sparselift.optimizer.table_stats import TableStats
+from sparselift.optimizer.topology import preset
+from sparselift.profiler.hot_ids import HotIds
+
+FIXTURES = Path(__file__).parent / "fixtures"
+BATCH = 512
+
+
+def _hot_ids(table: str, rows: int, hot_rows: int, hot_share: float) -> HotIds:
+    """`hot_rows` ids (every 7th row) taking `hot_share` of 1,000,000 lookups, hottest first."""
+    lookups = 1_000_000
+    weights = 1.0 / np.arange(1, hot_rows + 1)
+    counts = np.maximum(1, np.floor(weights / weights.sum() * hot_share * lookups)).astype(np.int64)
+    ids = (np.arange(hot_rows, dtype=np.int64) * 7) % rows
+    return HotIds(table, ids, counts, lookups, hot_rows + 50_000, rows, capped=False)
+
+
+def _tables() -> list[TableStats]:
+    """One heavy multi-hot table whose lookups pile up on its owner, and four light ones."""
+    heavy = TableStats("heavy", 200_000, 64, 120.0, zipf_alpha=1.2, feature_names=("f_heavy",))
+    light = [
+        TableStats(f"t{i}", 5_000, 64, 2.0, zipf_alpha=1.05, feature_names=(f"f{i}",))
+        for i in range(4)
+    ]
+    return [heavy, *light]
+
+
+def _coeffs(topo, transform_b_s: float):
+    """The CPU preset with the batch transform's cost measured at `transform_b_s` per id."""
+    c = from_topology(topo, dense_step_s=0.01).replace(batch_transform=Linear(20e-6, transform_b_s))
+    return c.with_evidence(MEASURED, "test", ("batch_transform",))
+
+
+def _best_per_way(stats, opts, model) -> dict[tuple[str, ...], float]:
+    """The optimal step of every way of running the split table, each solved on its own."""
+    wide = PlanWide()
+    classes = {**feasible_classes(model, stats, wide), **part_classes(model, opts, wide)}
+    ((table, options),) = opts.items()
+    out = {}
+    for way in [(table,), *(o.part_names for o in options)]:
+        if way == (table,):
+            tables, cs = stats, classes
+        else:
+            parts = next(o.parts for o in options if o.part_names == way)
+            tables = [q for s in stats for q in (parts if s.name == table else (s,))]
+            cs = {s.name: classes[s.name] for s in tables}
+        p = Problem(tables, model, wide, cs, allow_sparse_dist=False)
+        sol = solve(p, time_limit_s=10, mode="exact")
+        out[way] = model.evaluate(p.by_name, sol.choices, wide).step_time_s
+    return out
+
+
+@pytest.mark.parametrize("transform_b_s", [1e-12, 1e-6])
+def test_a_split_is_chosen_exactly_when_the_model_says_it_pays(transform_b_s):
+    topo = preset("cpu-gloo", 2)
+    stats = _tables()
+    model = CostModel(topo, BATCH, _coeffs(topo, transform_b_s))
+    hot = {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)}
+    opts = {k: v for k, v in split_options(stats, 2, hot).items() if k == "heavy"}
+    assert [o.kind for o in opts["heavy"]].count("hot_cold") >= 2  # several hot sizes offered
+    best = _best_per_way(stats, opts, model)
+    cheapest = min(best, key=best.__getitem__)
+    # both ways are exercised: a split pays when the transform is nearly free, not at 1 µs/id
+    assert (cheapest != ("heavy",)) == (transform_b_s < 1e-9)
+
+    inp = Inputs(stats, topo, BATCH, model.coeffs, splits=opts)
+    res = optimize(inp, time_limit_s=20, min_gain=0.0)
+    chosen = [(s.parts, s.hot_ids, s.ranges) for s in res.plan.splits]
+    want = [(o.plan_names, o.hot_ids, o.ranges) for o in opts["heavy"] if o.part_names == cheapest]
+    assert chosen == want
+    assert res.cost.step_time_s == pytest.approx(best[cheapest], rel=1e-6)
+
+
+def test_the_optimizers_split_plan_is_a_valid_format_2_plan_and_repeats_byte_for_byte():
+    topo = preset("cpu-gloo", 2)
+    stats = _tables()
+    coeffs = _coeffs(topo, 1e-12)
+    hot = {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)}
+    docs = []
+    for _ in range(2):
+        inp = Inputs(stats, topo, BATCH, coeffs, splits=split_options(stats, 2, hot))
+        plan = optimize(inp, time_limit_s=20, min_gain=0.0).plan
+        docs.append(json.dumps(plan.to_dict(), sort_keys=True))
+    assert docs[0] == docs[1]
+    plan = plans.Plan.from_dict(json.loads(docs[0]), "test")
+    (split,) = [s for s in plan.splits if s.table == "heavy"]
+    assert split.kind == "hot_cold" and split.parts == ("heavy__hot", "heavy__cold")
+    assert list(split.hot_ids) == hot["heavy"].ids[: len(split.hot_ids)].tolist()
+    by_name = {t.name: t for t in plan.tables}
+    assert "heavy" not in by_name and by_name["heavy__hot"].sharding_type == DP
+    assert [t.name for t in plan.model] == [s.name for s in stats]  # the model is unchanged
+    assert {t.name for t in plan.sharded_tables()} == set(by_name)
+
+
+def test_parts_only_take_the_sharding_types_their_split_allows():
+    topo = preset("cpu-gloo", 4)
+    stats = _tables()
+    model = CostModel(topo, BATCH, _coeffs(topo, 1e-12))
+    opts = split_options(stats, 4, {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)})
+    classes = part_classes(model, opts, PlanWide())
+    for o in opts["heavy"]:
+        for part, allowed in zip(o.parts, o.sharding_types, strict=True):
+            types = {c.sharding_type for c in classes[part.name]}
+            assert types and (not allowed or types <= set(allowed))
+    kinds = {o.kind for o in opts["heavy"]}
+    assert kinds == {"hot_cold", "row_ranges", "column_slices"}
+    assert all(
+        ts == (TW,) for o in opts["heavy"] if o.kind != "hot_cold" for ts in o.sharding_types
+    )
+
+
+def test_stale_hot_ids_are_refused_naming_the_table():
+    stats = _tables()
+    hot = {"heavy": _hot_ids("heavy", 150_000, 1_000, 0.5)}  # recorded at another size
+    with pytest.raises(UserError, match=r"table 'heavy'.*150,000 rows.*200,000"):
+        split_options(stats, 2, hot)
+
+
+def test_row_ranges_count_the_hot_ids_in_each_range_and_spread_the_rest():
+    t = TableStats("t", 100_000, 64, 10.0, feature_names=("f",))
+    ids = np.array([10, 20, 60_000], dtype=np.int64)  # two hot ids in the first half
+    counts = np.array([500, 300, 100], dtype=np.int64)
+    hot = HotIds("t", ids, counts, 1_000, 5_000, 100_000, capped=False)
+    (two,) = [o for o in row_range_options(t, 2, hot) if len(o.parts) == 2]
+    assert two.ranges == ((0, 50_000), (50_000, 100_000))
+    # 100 lookups off the hot ids, spread over the 99,997 other rows: 49,998 in the first half
+    first = (800 + 100 * 49_998 / 99_997) / 1_000
+    shares = [q.ids_per_sample / t.ids_per_sample for q in two.parts]
+    assert shares == pytest.approx([first, 1.0 - first])
+
+
+def test_zipf_hot_sizes_reach_their_coverage_and_grow_with_it():
+    t = TableStats("t", 1_000_000, 64, 20.0, zipf_alpha=1.1, feature_names=("f",))
+    opts = hot_cold_from_zipf(t, list(range(65_536)))
+    shares = [o.hot_share for o in opts]
+    sizes = [len(o.hot_ids) for o in opts]
+    assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
+    assert all(s >= c - 1e-9 for s, c in zip(shares, HOT_COVERAGES, strict=False))
+    assert opts[0].parts[0].ids_per_sample == pytest.approx(20.0 * shares[0])
+
+
+def test_a_profile_of_a_split_model_is_refused(tmp_path):
+    prof = tmp_path / "prof"
+    shutil.copytree(FIXTURES / "profile_tiny_table_wise", prof)
+    m = json.loads((prof / "manifest.json").read_text())
+    t = m["tables"][0]
+    t["feature_names"] = [f"{f}/{t['name']}" for f in t.get("feature_names") or [t["name"]]]
+    (prof / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match=rf"splits tables .*{t['name']}"):
+        read_profile(prof, need_calibration=False)
