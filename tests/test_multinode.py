@@ -252,3 +252,43 @@ def test_a_trace_over_the_cap_is_named_missing_and_analysis_refuses_it(cli, tmp_
     with pytest.raises(UserError, match=r"rank\(s\) 1 are missing.*--allow-missing-ranks"):
         analyze(out, cache=False)
     assert set(analyze(out, cache=False, allow_missing_ranks=True).nodes["rank"]) == {0}
+
+
+def _table_row_wise_plan(path: Path) -> Path:
+    """`tiny` on 2 hosts of 1 rank: every table row-wise over one host's ranks, hosts in turn."""
+    from sparselift import plans
+    from sparselift.optimizer.planio import to_plan
+    from sparselift.optimizer.space import FUSED, TWRW, Choice, OptionClass, PlanWide
+    from sparselift.optimizer.table_stats import stats_from_spec
+    from sparselift.optimizer.topology import preset
+    from sparselift.workloads.spec import load_workload
+
+    stats = stats_from_spec(load_workload("tiny"))
+    topo = preset("cpu-gloo", 2, 1)
+    choices = {t.name: Choice(OptionClass(TWRW, FUSED, 1), host=i % 2) for i, t in enumerate(stats)}
+    plans.save(to_plan(stats, choices, topo, PlanWide()), path)
+    return path
+
+
+@pytest.mark.slow
+def test_a_table_row_wise_plan_trains_on_two_hosts_and_calibrates_the_inter_host_cost(tmp_path):
+    from sparselift.analysis.pipeline import analyze
+    from sparselift.optimizer.coefficients import coefficients
+    from sparselift.optimizer.topology import preset
+
+    plan = _table_row_wise_plan(tmp_path / "twrw.json")
+    out0 = tmp_path / "node0"
+    args = ["profile", "--plan", str(plan), "--steps", "4", "--after", "2", "--steady-steps", "2"]
+    (c0, _, e0), (c1, _, e1) = both([*args, "--out", str(out0)], [*args, "--out", str(out0)])
+    assert c0 == 0 and c1 == 0, e0 + e1
+    m = json.loads((out0 / "manifest.json").read_text())
+    assert {e["sharding_type"] for e in m["sharding"]} == {"table_row_wise"}
+    cal = analyze(out0, cache=False).calibration
+    assert cal.provenance.manifest["local_world_size"] == 1
+    # planning for a 2-host topology prices bytes between hosts with the profile's own fits
+    coeffs = coefficients(preset("h100x8", 16), cal)  # another device kind: not carried over
+    assert not coeffs.measured("inter_host_b_s")
+    coeffs = coefficients(preset("cpu-gloo", 4, 2), cal)
+    assert coeffs.measured("inter_host_b_s")
+    fits = [cal.ops[k].b_s for k in ("input_dist", "output_dist_fwd", "output_dist_bwd")]
+    assert coeffs.inter_host_b_s == max(fits) > 0

@@ -214,8 +214,9 @@ def coefficients(
         Coefficients whose `source` is the calibration's profiles (" + " between several fitted
         together; or "calibration"); what the calibration replaced is marked measured from it
         (an op kind with its fixed sync cost), the rest stays assumed from the preset. The
-        inter-host per-byte cost counts as measured only where the measured intra-host one
-        raised it.
+        inter-host per-byte cost is measured from a profile of several one-rank hosts (the
+        dearest of its distributions' per-byte fits: every byte crossed hosts), else only where
+        the measured intra-host one raised it.
     Raises:
         UserError: a calibration object with a wrong field (`Calibration.from_dict`).
     """
@@ -254,7 +255,10 @@ def coefficients(
         kw["lookup_unit"] = unit
     if cal.dense_step_s is not None:
         kw["dense_step_s"] = cal.dense_step_s
-    if "input_dist" in kw:  # bytes crossing hosts cost at least what they cost inside one
+    crossing = [kw[k].b_s for k in DIST_KINDS if k in kw]
+    if crossing and every_byte_crossed_hosts(cal):  # the fits price bytes between hosts
+        kw["inter_host_b_s"] = max(crossing)
+    elif "input_dist" in kw:  # bytes crossing hosts cost at least what they cost inside one
         kw["inter_host_b_s"] = max(base.inter_host_b_s, kw["input_dist"].b_s)
         if kw["inter_host_b_s"] == base.inter_host_b_s:
             del kw["inter_host_b_s"]  # the preset's value stands: still an assumption
@@ -267,6 +271,18 @@ def coefficients(
         else "calibration"
     )
     return base.replace(source=origin, **kw).with_evidence(MEASURED, origin, tuple(kw))
+
+
+DIST_KINDS = ("input_dist", "output_dist_fwd", "output_dist_bwd")
+
+
+def every_byte_crossed_hosts(cal: Calibration) -> bool:
+    """Whether every collective byte of the calibrated profile crossed hosts: several hosts of
+    one rank each (the manifest's world_size and local_world_size), so its distributions'
+    per-byte fits are the inter-host cost."""
+    m = cal.provenance.manifest
+    world, local = m.get("world_size"), m.get("local_world_size")
+    return isinstance(world, int) and local == 1 and world > 1
 
 
 def quantize_from_net(net_s: float, out_b_s: float, wire_b_s: float) -> float:
