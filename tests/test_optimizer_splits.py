@@ -180,3 +180,23 @@ def test_a_profile_of_a_split_model_is_refused(tmp_path):
     (prof / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(UserError, match=rf"splits tables .*{t['name']}"):
         read_profile(prof, need_calibration=False)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_on_random_workloads_splits_on_offer_never_price_a_plan_higher(seed):
+    """Unsplit is one way among those offered: the solve with splits may only lower the step."""
+    from sparselift.optimizer.synthetic import synthetic_stats
+
+    world = 2 + 2 * (seed % 2)
+    topo = preset("cpu-gloo", world)
+    stats = synthetic_stats(6 + seed, seed=seed, max_rows=300_000)
+    coeffs = from_topology(topo, dense_step_s=0.01)  # the transform assumed: priced at a margin
+    hottest = {s.name: range(min(s.num_embeddings, 65_536)) for s in stats}
+    offered = split_options(stats, world, hottest=hottest)
+    assert offered
+    steps = []
+    for splits in ({}, offered):
+        res = optimize(Inputs(stats, topo, BATCH, coeffs, splits=splits), time_limit_s=10)
+        assert [t.name for t in res.plan.model] == [s.name for s in stats]
+        steps.append(res.cost.step_time_s)
+    assert steps[1] <= steps[0] * (1 + 1e-9)
