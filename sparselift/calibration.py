@@ -37,6 +37,9 @@ UNITS = {
     "output_dist_bwd": "bytes",
     "dp_allreduce": "bytes",
 }
+# unit of `batch_transform`'s x (ids routed; its a_s is per split feature): an op kind that only
+# profiles which timed the batch transform have, hence not among UNITS, which every profile fits
+TRANSFORM_UNIT = "ids"
 
 
 @dataclass
@@ -45,7 +48,8 @@ class OpFit:
 
     Attributes:
         x: unit of x (`UNITS`); "" when a hand-written file does not say.
-        a_s: fixed cost per call (one sharding-type group's TBE kernel, or its distribution).
+        a_s: fixed cost per call (one sharding-type group's TBE kernel, or its distribution;
+            `batch_transform`: per split feature).
         b_s: seconds per unit of x.
         r2: coefficient of determination of the fit over its samples.
         n: calls fitted on.

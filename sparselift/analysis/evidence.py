@@ -5,13 +5,14 @@ Gathered apart from the fit so that several profiles of a job can be fitted toge
 every op), so where the profile also timed steps after the window, the window's samples are
 scaled to the steady step: the profiler's inflation (window ÷ steady, slowest rank, medians) is
 taken to slow every part of a step alike, and the calibration then reproduces the steady step,
-not the profiled one.
+not the profiled one. The batch transform's timings (`transform_fit`) are taken as recorded:
+the profiler times them after the window, with nothing attached.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -24,6 +25,7 @@ from sparselift.analysis.samples import (
     lookup_work_of,
     with_plan_bytes,
 )
+from sparselift.analysis.transform_fit import TransformSample, samples_of
 from sparselift.analysis.volumes import dist_bytes
 from sparselift.errors import UserError
 
@@ -50,6 +52,7 @@ class ProfileEvidence:
         steady_step_s: median step timed after the window; None when fewer than
             MIN_STEADY_STEPS were.
         inflation: the profiled window's median step ÷ steady_step_s; None when not measured.
+        transform: the batch transform's timings the manifest records ([] where none).
     """
 
     profile: str
@@ -62,6 +65,7 @@ class ProfileEvidence:
     target_s: float
     steady_step_s: float | None = None
     inflation: float | None = None
+    transform: list[TransformSample] = field(default_factory=list)
 
 
 def window_inflation(manifest: dict[str, Any], step_s: pd.Series) -> tuple[float, float] | None:
@@ -102,7 +106,8 @@ def profile_evidence(
     Returns:
         The evidence (lookup samples carry their parts: ids, distinct rows, pooled elements).
     Raises:
-        UserError: the quieter steps have no sparse-path call to fit on.
+        UserError: the quieter steps have no sparse-path call to fit on, or the manifest's
+            batch-transform record is malformed.
     """
     world = int(manifest["world_size"])
     device = manifest.get("device") or "cpu"
@@ -129,8 +134,17 @@ def profile_evidence(
     ):
         calls = with_plan_bytes(calls, dist_bytes(access, plan_tables, manifest))
     dp = nodes[nodes["kind"] == "dp_allreduce"]
+    transform = samples_of(manifest, f"{profile_dir}/manifest.json")
     ev = ProfileEvidence(
-        str(profile_dir), manifest, device, world, calls, step_s, dp, float(step_s.min())
+        str(profile_dir),
+        manifest,
+        device,
+        world,
+        calls,
+        step_s,
+        dp,
+        float(step_s.min()),
+        transform=transform,
     )
     steady = window_inflation(manifest, step_s)
     return ev if steady is None else scaled_to_steady(ev, *steady)
@@ -157,4 +171,5 @@ def scaled_to_steady(ev: ProfileEvidence, steady_s: float, inflation: float) -> 
         target_s=steady_s,
         steady_step_s=steady_s,
         inflation=inflation,
+        transform=ev.transform,
     )

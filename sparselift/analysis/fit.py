@@ -12,7 +12,9 @@ modelled cost is taken out, so that predicting the profiled plan gives back that
 
 A calibration is fitted from one profile or several of the same job (`fit_evidence`): each
 profile's samples are gathered first (`evidence.profile_evidence`), then every op kind is fitted
-on all of them together, and the dense step is the median of the profiles' own.
+on all of them together, and the dense step is the median of the profiles' own. Where profiles
+timed the split plans' batch transform, its fit over all their timings is `batch_transform`
+(`transform_fit`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pandas as pd
 
 from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.samples import LOOKUPS, lookup_work_of
+from sparselift.analysis.transform_fit import TRANSFORM, fit_transform
 from sparselift.analysis.unit_fit import MAX_REL_SE, refit_unit
 from sparselift.calibration import UNITS, Calibration, OpFit, Provenance, lookup_unit
 from sparselift.kernels import CPU_CALL_S, KERNEL_UNIT, LookupUnit
@@ -249,6 +252,11 @@ def dense_of(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:
     return max(ev.target_s - sparse_at_target(ev, ops), 0.0)
 
 
+def transform_fit_of(evidence: list[ProfileEvidence]) -> OpFit | None:
+    """The batch transform's fit over every profile's timings together; None without any."""
+    return fit_transform([s for ev in evidence for s in ev.transform])
+
+
 def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     """Fit one calibration on one or several profiles of the same job.
 
@@ -268,6 +276,9 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     dp = dp_allreduce_fit(pd.concat([ev.dp for ev in evidence]))
     if dp is not None:
         ops["dp_allreduce"] = dp
+    tx = transform_fit_of(evidence)
+    if tx is not None:
+        ops[TRANSFORM] = tx
     dense = statistics.median(dense_of(ev, ops) for ev in evidence)
     provenance = Provenance(
         profile=first.profile,

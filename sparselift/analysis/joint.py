@@ -7,7 +7,8 @@ kinds are fitted on every base-pipeline profile together (`fit.fit_evidence`), t
 distributions at 16 bits apart (`precision_fit`); a sparse-dist profile is paired with the base
 profile of the same plan for the pipeline's overlap (`pipeline_overlap`). Each base profile
 is then predicted by the fit on the others (leave-one-out): how far the calibration carries to a
-plan it did not see.
+plan it did not see. The batch transform does not depend on the pipeline: it is fitted on every
+profile's timings, sparse-dist ones included.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 
 from sparselift.analysis.compare import check_same_job
 from sparselift.analysis.evidence import ProfileEvidence
-from sparselift.analysis.fit import dense_of, fit_evidence, sparse_at_target
+from sparselift.analysis.fit import dense_of, fit_evidence, sparse_at_target, transform_fit_of
 from sparselift.analysis.pipeline import Analysis
 from sparselift.analysis.pipeline_overlap import (
     SPARSE_DIST,
@@ -26,6 +27,7 @@ from sparselift.analysis.pipeline_overlap import (
     fit_pipeline_overlap,
 )
 from sparselift.analysis.precision_fit import QCOMM, at_precision, fit_qcomm, split_by_precision
+from sparselift.analysis.transform_fit import TRANSFORM
 from sparselift.calibration import UNITS, Calibration, HeldOut, OpFit
 from sparselift.errors import UserError
 from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S, CPU_WORK_B_S
@@ -122,6 +124,9 @@ def fit_jointly(analyses: Sequence[Analysis], pipeline_overhead_s: float | None 
         raise UserError(f"{paths[0]}: no profile under the base pipeline to fit the op costs on")
     evidence = [a.evidence for a in base]
     cal = fit_profiles(evidence)
+    tx = transform_fit_of([a.evidence for a in analyses])
+    if tx is not None:
+        cal.ops[TRANSFORM] = tx
     if len(evidence) > 1:
         cal.held_out = [held_out(evidence, i) for i in range(len(evidence))]
     overlap = _pipeline(base, sd, pipeline_overhead_s) if sd else None

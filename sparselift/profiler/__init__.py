@@ -7,7 +7,8 @@ Hook API: `ProfileSession` (a context manager with `.step()`, or step_begin/step
 
 Modules: `session` (the hook API), `pipeline` (`ProfiledPipeline`), `collect` (traces to rank 0,
 missing ranks), `merge` (rank 0's facts and files), `access` (capturing what each sharded module
-receives), `access_stats` (statistics of those captures), `zipf` (the skew fit), `trace`
+receives), `access_stats` (statistics of those captures), `transform_cost` (the split plans'
+batch transform timed on a captured batch), `zipf` (the skew fit), `trace`
 (torch.profiler), `manifest` (what ran), `outdir` (the directory and its files), `gather` (ranks to
 rank 0), `hook` (the harness adapter).
 """

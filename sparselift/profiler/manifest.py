@@ -17,6 +17,14 @@ recorded) came later too: a manifest without them has no hot ids (`hot_ids.read_
 hosts[rank] (each rank's host name; ranks per host = local_world_size) and missing_ranks[] (ranks
 whose trace did not reach the profile directory: not written, over the per-rank cap, or cut off)
 came with multi-host profiles: a manifest without them reads as unknown hosts and none missing.
+batch_transform (the split plans' batch transform timed on a real batch at the end of the
+window, `transform_cost.py`; null where nothing was timed, absent in older manifests):
+{device, repeats, hot_coverage, baseline_s[rank], elapsed_s[rank], samples[{rank, tables[],
+features, ids, seconds}], a_s, b_s, r2}; each sample is what hot/cold splits of `tables` (their
+`features` split features routing `ids` ids) add to the batch transformed without splits
+(`baseline_s`), each the fastest of `repeats` calls; a_s (per split feature), b_s (per id) fit them
+(`sparselift.analysis.transform_fit`), which `sparselift analyze` refits over all samples as
+calibration.json's `ops["batch_transform"]`.
 """
 
 from __future__ import annotations
@@ -138,6 +146,7 @@ class ProfileFacts:
     hot_ids: str | None = None  # hot_ids.parquet where rank 0 wrote it, else None
     hosts: list[str] = field(default_factory=list)  # each rank's host name, in rank order
     missing_ranks: list[int] = field(default_factory=list)  # ranks whose trace is not in files
+    batch_transform: dict[str, Any] | None = None  # `transform_cost.transform_record`
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

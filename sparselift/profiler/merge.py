@@ -18,6 +18,7 @@ from sparselift.profiler.access_stats import TableStep
 from sparselift.profiler.hot_ids import HOT_IDS
 from sparselift.profiler.manifest import ProfileFacts, build_manifest, table_entries
 from sparselift.profiler.trace import et_name, trace_name
+from sparselift.profiler.transform_cost import RankTransform
 
 if TYPE_CHECKING:  # the session calls these; importing it here would close a circle
     from sparselift.profiler.session import ProfileSession
@@ -35,6 +36,7 @@ class RankReport:
     errors: list[str]
     table_steps: list[TableStep] = field(default_factory=list)
     host: str = ""
+    transform: RankTransform | None = None  # its batch-transform timings (`transform_cost`)
 
 
 def profile_facts(
@@ -42,6 +44,7 @@ def profile_facts(
     reports: list[RankReport],
     alphas: dict[str, float | None],
     hot: dict[str, dict[str, Any]] | None,
+    transform: dict[str, Any] | None = None,
 ) -> ProfileFacts:
     """The manifest's facts on rank 0 at the end of the window.
 
@@ -52,6 +55,7 @@ def profile_facts(
             `files` are the trace files that reached the profile directory.
         alphas: each table's fitted Zipf exponent (`access_stats.access_rows`).
         hot: each table's hot-id summary (`hot_ids.record_hot_ids`); None where not written.
+        transform: the batch transform's timings (`transform_cost.transform_record`), if any.
     Returns:
         The facts; `steady_step_s` empty (the steady steps come later).
     """
@@ -81,6 +85,7 @@ def profile_facts(
         hot_ids=HOT_IDS if hot is not None else None,
         hosts=[r.host for r in reports],
         missing_ranks=[r.rank for r in reports if trace_name(r.rank) not in r.files],
+        batch_transform=transform,
     )
 
 

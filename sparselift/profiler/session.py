@@ -13,7 +13,8 @@ torch.profiler and wraps the sharded modules' `input_dist`; after the last it st
 this rank's trace (rank 0 into `out_dir`, the others into a private temp directory: no shared
 filesystem is needed), streams every rank's trace to rank 0 (`gather.gather_files`; a rank whose
 trace did not arrive is named in the manifest's `missing_ranks`), gathers every rank's access
-statistics on rank 0, which writes
+statistics (and each rank's timing of the split plans' batch transform on its last batch,
+`transform_cost.py`) on rank 0, which writes
 `hot_ids.parquet` (each table's hottest ids over the window, `hot_ids.py`; always rank 0 itself,
 like the traces: too large to hand back), then `access_stats.parquet` and `manifest.json` (unless
 `write_files=False`: then `finish()` hands those to the caller). Then it times `steady_steps` more
@@ -53,6 +54,7 @@ from sparselift.profiler.merge import RankReport, profile_facts, write_manifest,
 from sparselift.profiler.pipeline import ProfiledPipeline
 from sparselift.profiler.steady import SteadyTimer
 from sparselift.profiler.trace import TraceRecorder
+from sparselift.profiler.transform_cost import time_transform, transform_record
 
 # Re-exported: `sparselift.profiler.session` has always offered these along with the session.
 __all__ = [
@@ -292,17 +294,21 @@ class ProfileSession:
             )
             or []
         )
+        peak = int(self._guard(lambda: _peak_memory(self.device), "peak memory") or 0)
+        timing = self._guard(  # after the peak memory: it must not count what the timing holds
+            lambda: time_transform(self.tables, captures, steps, self.rank),
+            "timing the batch transform",
+        )
         report = RankReport(
             rank=self.rank,
             device=self.device.type,
             step_times_s=self.step_times_s,
-            peak_memory_bytes=int(
-                self._guard(lambda: _peak_memory(self.device), "peak memory") or 0
-            ),
+            peak_memory_bytes=peak,
             files=self.files,
             errors=list(self.errors),
             table_steps=steps,
             host=socket.gethostname(),
+            transform=timing,
         )
         reports = self._guard(lambda: gather_to_rank0(report), "gathering ranks on rank 0")
         self._gather_traces(reports)
@@ -343,7 +349,10 @@ class ProfileSession:
             lambda: record_hot_ids(self.out_dir, self.tables, hists),
             f"writing hot ids to {self.out_dir}",
         )
-        facts = profile_facts(self, reports, alphas, hot)
+        transform = self._guard(
+            lambda: transform_record([r.transform for r in reports]), "fitting the batch transform"
+        )
+        facts = profile_facts(self, reports, alphas, hot, transform)
         self._facts = facts
         self.result = dict(rows=rows, facts=asdict(facts))
         if self.write_files:
