@@ -200,3 +200,20 @@ def test_on_random_workloads_splits_on_offer_never_price_a_plan_higher(seed):
         assert [t.name for t in res.plan.model] == [s.name for s in stats]
         steps.append(res.cost.step_time_s)
     assert steps[1] <= steps[0] * (1 + 1e-9)
+
+
+def test_a_split_plan_is_priced_again_as_it_was_planned_and_seeds_a_new_solve():
+    from sparselift.optimizer.predict import predict_plan
+
+    topo = preset("cpu-gloo", 2)
+    stats = _tables()
+    coeffs = _coeffs(topo, 1e-12)
+    hot = {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)}
+    inp = Inputs(stats, topo, BATCH, coeffs, splits=split_options(stats, 2, hot))
+    res = optimize(inp, time_limit_s=20, min_gain=0.0)
+    assert res.plan.splits
+    again = predict_plan(res.plan, stats, coeffs, topo, BATCH, hot)
+    assert again.step_time_s == pytest.approx(res.cost.step_time_s, rel=1e-9)
+    # the split plan as the plan to beat (plan check re-plans so): it is kept or beaten
+    rerun = optimize(inp, time_limit_s=20, baseline=res.plan, min_gain=0.0)
+    assert rerun.cost.step_time_s <= res.cost.step_time_s * (1 + 1e-9)

@@ -30,7 +30,12 @@ from sparselift.optimizer.robust import (
     torchrec_agrees,
 )
 from sparselift.optimizer.space import Choice, OptionClass, PlanWide
-from sparselift.optimizer.split_options import SplitOption, chosen_splits, part_stats
+from sparselift.optimizer.split_options import (
+    SplitOption,
+    chosen_splits,
+    part_stats,
+    plan_tables,
+)
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 from sparselift.optimizer.torchrec_storage import hbm_budget
@@ -153,7 +158,8 @@ class _CheapestBaseline:
                     continue
                 choices, plan_wide = choices_from_plan(candidate, self.model.topo)
                 self.candidates.append((candidate, choices, plan_wide))
-                cost = self.model.evaluate(self.by_name, choices, plan_wide)
+                tables = {**self.by_name, **plan_tables(candidate, list(self.by_name.values()))}
+                cost = self.model.evaluate(tables, choices, plan_wide)
                 if self.cost is None or cost.step_time_s < self.cost.step_time_s:
                     self.choices, self.cost, self.plan = choices, cost, candidate
             self.resolved = True
@@ -313,7 +319,7 @@ def optimize(
         notes.append(_verdicts_alone(model, book, by_name, choices, plan_wide))
     if current is not None and not two:
         cur_choices, cur_wide = choices_from_plan(current, inp.topo)
-        cur_cost = model.evaluate(by_name, cur_choices, cur_wide)
+        cur_cost = model.evaluate(plan_tables(current, inp.stats), cur_choices, cur_wide)
         new_s = model.evaluate(by_name, choices, plan_wide).step_time_s
         if cur_cost.step_time_s < new_s * (1.0 + min_gain) and _fits(inp.topo, cur_cost, hbm):
             choices, plan_wide, kept, base_plan, base_cost = (
@@ -328,6 +334,8 @@ def optimize(
                 f"kept the profiled plan: the best other plan is predicted only {ratio:.3f}x "
                 f"faster, below the {1 + min_gain:.2f}x a change needs"
             )
+    if kept and base_plan is not None:  # a plan kept as it is: its own splits' parts
+        by_name = {**by_name, **plan_tables(base_plan, inp.stats)}
     cost = model.evaluate(by_name, choices, plan_wide)
     chosen = chosen_splits(splits, choices)
     objective = minimized.evaluate(by_name, choices, plan_wide).step_time_s

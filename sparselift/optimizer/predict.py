@@ -12,8 +12,10 @@ from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import Coefficients, coefficients
 from sparselift.optimizer.cost_model import CostModel, PlanCost
 from sparselift.optimizer.planio import choices_from_plan
+from sparselift.optimizer.split_options import plan_tables
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
+from sparselift.profiler.hot_ids import HotIds
 
 
 def predict_plan(
@@ -22,6 +24,7 @@ def predict_plan(
     calibration: Calibration | Mapping[str, Any] | Coefficients | None,
     topology: Topology,
     batch_size: int | None = None,
+    hot: dict[str, HotIds] | None = None,
 ) -> PlanCost:
     """Per-rank costs and step time of a plan under SparseLift's cost model.
 
@@ -32,10 +35,12 @@ def predict_plan(
             topology preset's coefficients).
         topology: the topology to price on.
         batch_size: samples per rank; default the calibration's, else 512.
+        hot: measured hot ids per table, which price a plan's hot/cold splits (else each
+            table's skew curve does).
     Returns:
         The plan's PlanCost.
     Raises:
-        UserError: the plan file is bad, or a plan table has no statistics.
+        UserError: the plan file is bad, or a plan table (or split table) has no statistics.
     """
     if not isinstance(plan, (dict, plans.Plan)):
         plan = plans.load(plan)
@@ -51,8 +56,10 @@ def predict_plan(
             batch_size = int(calibration.get("batch_size") or 512)
         else:
             batch_size = 512
+    if isinstance(plan, dict):
+        plan = plans.Plan.from_dict(plan)
     choices, g = choices_from_plan(plan, topology)
-    by_name = {s.name: s for s in stats}
+    by_name = plan_tables(plan, stats, hot)
     missing = [n for n in choices if n not in by_name]
     if missing:
         raise UserError(f"plan tables without statistics: {', '.join(missing)}")

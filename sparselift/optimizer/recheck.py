@@ -22,6 +22,7 @@ from sparselift.optimizer.optimize import Inputs, Result, optimize
 from sparselift.optimizer.planio import statistics_digest
 from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.profile_input import read_profile
+from sparselift.optimizer.split_options import split_options
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import PRESETS, Topology, load_topology, preset
 from sparselift.plans.plan import STATISTICS_FIELDS
@@ -208,7 +209,7 @@ def recheck(
     same_tables(plan, prof.stats, str(profile))
     topo = topology_of(plan)
     coeffs = coefficients(topo, prof.calibration)
-    predicted = predict_plan(plan, prof.stats, coeffs, topo, prof.batch_size)
+    predicted = predict_plan(plan, prof.stats, coeffs, topo, prof.batch_size, prof.hot_ids)
     solver = plan.solver or {}
     seed, workers = solver.get("seed"), solver.get("workers")
     inputs = Inputs(
@@ -220,6 +221,7 @@ def recheck(
             "profile": str(profile),
             "topology": topo.preset or (plan.provenance or {}).get("topology"),
         },
+        split_options(prof.stats, topo.world_size, prof.hot_ids),
     )
     replanned = optimize(
         inputs,

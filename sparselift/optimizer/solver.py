@@ -120,12 +120,13 @@ def solve(
     first_cost = p.model.evaluate(p.by_name, first.choices, with_pipeline(first)).step_time_s
     hint: Mapping[str, Choice] = first.choices
     given = hint_once()
-    if given is not None:
+    # a plan's choices hint the exact model where they are in its space (a plan whose splits are
+    # not among those offered is not)
+    if given is not None and all(ch.cls in p.classes.get(n, ()) for n, ch in given.items()):
         given_cost = p.model.evaluate(
             p.by_name, given, PlanWide(p.plan_wide.forward, p.plan_wide.backward)
         ).step_time_s
-        in_space = all(ch.cls in p.classes.get(n, ()) for n, ch in given.items())
-        if in_space and given_cost < first_cost:
+        if given_cost < first_cost:
             hint = given
     try:
         exact = once("exact", AUTO_EXACT_SHARE * time_limit_s, lambda: hint)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparselift import plans
+from sparselift.errors import UserError
 from sparselift.kernels import zipf_share
 from sparselift.optimizer.space import DP, MIN_CW_COLS, TW
 from sparselift.optimizer.table_stats import TableStats
@@ -269,6 +270,64 @@ def split_options(
         if opts:
             out[t.name] = [_tagged(o, i) for i, o in enumerate(opts)]
     return out
+
+
+def options_of_plan(
+    splits: Sequence[plans.Split], stats: Sequence[TableStats], hot: dict[str, HotIds] | None = None
+) -> list[SplitOption]:
+    """A plan's splits as the options the cost model prices, parts under the plan's names.
+
+    A hot part's share of lookups is what the measured hot ids say of its rows (`hot`), else the
+    table's skew curve for that many hottest rows (`TableStats.hot_share`).
+
+    Raises:
+        UserError: a split names a table without statistics.
+    """
+    by_name = {t.name: t for t in stats}
+    out = []
+    for s in splits:
+        t = by_name.get(s.table)
+        if t is None:
+            raise UserError(f"split of table {s.table!r}: the table has no statistics")
+        h = (hot or {}).get(s.table)
+        if s.kind == "hot_cold":
+            if h is not None and h.lookups > 0:
+                hits = np.isin(h.ids, np.asarray(s.hot_ids, dtype=np.int64))
+                share = int(h.counts[hits].sum()) / h.lookups
+            else:
+                share = t.hot_share(len(s.hot_ids) / t.num_embeddings)
+            o = _hot_cold(t, s.hot_ids, share)
+        elif s.kind == "row_ranges":
+            shares = _range_shares(s.ranges, t.num_embeddings, h)
+            parts = tuple(
+                _part(t, "", b - a, t.embedding_dim, sh, len(s.ranges))
+                for (a, b), sh in zip(s.ranges, shares, strict=True)
+            )
+            o = SplitOption(t.name, s.kind, parts, ((TW,),) * len(parts), ranges=s.ranges)
+        else:
+            parts = tuple(
+                _part(t, "", t.num_embeddings, b - a, 1.0, len(s.ranges)) for a, b in s.ranges
+            )
+            o = SplitOption(t.name, s.kind, parts, ((TW,),) * len(parts), ranges=s.ranges)
+        named = tuple(
+            dataclasses.replace(
+                q,
+                name=n,
+                feature_names=tuple(virtual_feature(f, n) for f in t.feature_names or (t.name,)),
+            )
+            for q, n in zip(o.parts, s.parts, strict=True)
+        )
+        out.append(dataclasses.replace(o, parts=named, plan_names=s.parts))
+    return out
+
+
+def plan_tables(
+    plan: plans.Plan, stats: Sequence[TableStats], hot: dict[str, HotIds] | None = None
+) -> dict[str, TableStats]:
+    """The tables a plan shards, by name, as the cost model prices them: `stats`, and the parts
+    of the plan's splits (`options_of_plan`)."""
+    parts = (q for o in options_of_plan(plan.splits, stats, hot) for q in o.parts)
+    return {t.name: t for t in (*stats, *parts)}
 
 
 def chosen_splits(
