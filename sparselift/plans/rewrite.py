@@ -27,11 +27,6 @@ from sparselift.plans.splits import part_fingerprints, virtual_feature
 from sparselift.plans.types import Split, TableFingerprint
 
 ROW_SPLITS = ("hot_cold", "row_ranges")  # parts summed: exact only for SUM pooling
-# One recombination's index tensors per (layout, pooled keys, device); a model has a few.
-_INDEX_CACHE: dict[tuple[Any, ...], tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]]
-_INDEX_CACHE = {}
-_INDEX_CACHE_MAX = 64
-
 # layout: per original feature (key, dim, ((virtual key, first column or -1 to add), ...))
 Layout = tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...]
 
@@ -60,53 +55,27 @@ def _check_virtual_features(features: Any, virtual: tuple[str, ...], source: str
 def _recombine(pooled: Any, layout: Layout) -> KeyedTensor:
     """The original features' pooled embeddings from the virtual features' ones.
 
-    Each output column is one virtual column (column slices, unsplit features), or the sum of
-    one column of each part in part order (row splits: the parts' bags partition the bag).
+    Each output feature is one virtual feature (unsplit), its column slices concatenated in
+    order, or the sum of its row parts in part order (the parts' bags partition the bag). The
+    blocks are views of the pooled values, so backward splits the gradient without a dense
+    zero-fill and scatter.
     """
     values = pooled.values()  # waits for a LazyAwaitable
-    keys = tuple(pooled.keys())
-    cache_key = (layout, keys, values.device)
-    index = _INDEX_CACHE.get(cache_key)
-    if index is None:
-        index = _build_index(layout, keys, pooled.offset_per_key(), values.device)
-        if len(_INDEX_CACHE) >= _INDEX_CACHE_MAX:
-            _INDEX_CACHE.clear()
-        _INDEX_CACHE[cache_key] = index
-    first, more = index
-    out = values.index_select(1, first)
-    for columns, sources in more:
-        out = out.index_add(1, columns, values.index_select(1, sources))
+    blocks = dict(zip(pooled.keys(), values.split(pooled.length_per_key(), dim=1), strict=True))
+    outs: list[torch.Tensor] = []
+    for _, _, parts in layout:
+        if parts[0][1] >= 0:  # column slices, in column order: concatenated
+            outs += [blocks[vkey] for vkey, _ in parts]
+        else:  # unsplit, or row parts summed in part order
+            x = blocks[parts[0][0]]
+            for vkey, _ in parts[1:]:
+                x = x + blocks[vkey]
+            outs.append(x)
     return KeyedTensor(
-        keys=[k for k, _, _ in layout], length_per_key=[d for _, d, _ in layout], values=out
+        keys=[k for k, _, _ in layout],
+        length_per_key=[d for _, d, _ in layout],
+        values=torch.cat(outs, dim=1),
     )
-
-
-def _build_index(
-    layout: Layout, keys: tuple[str, ...], offsets: list[int], device: torch.device
-) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    at = {k: offsets[i] for i, k in enumerate(keys)}
-    first: list[int] = []
-    more: list[tuple[list[int], list[int]]] = []
-    col = 0
-    for _, dim, parts in layout:
-        if parts[0][1] >= 0:  # concatenated blocks: each output column from one part
-            for i, (vkey, start) in enumerate(parts):
-                end = parts[i + 1][1] if i + 1 < len(parts) else dim
-                first += range(at[vkey], at[vkey] + end - start)
-        else:  # summed parts: the first part's columns, then each other part's added
-            vkey = parts[0][0]
-            first += range(at[vkey], at[vkey] + dim)
-            for k, (vkey, _) in enumerate(parts[1:]):
-                if len(more) <= k:
-                    more.append(([], []))
-                more[k][0].extend(range(col, col + dim))
-                more[k][1].extend(range(at[vkey], at[vkey] + dim))
-        col += dim
-
-    def t(x: list[int]) -> torch.Tensor:
-        return torch.tensor(x, dtype=torch.int64, device=device)
-
-    return t(first), [(t(c), t(s)) for c, s in more]
 
 
 class VirtualTables(nn.Module):
