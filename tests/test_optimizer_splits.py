@@ -57,10 +57,13 @@ def _tables() -> list[TableStats]:
     return [heavy, *light]
 
 
-def _coeffs(topo, transform_b_s: float):
-    """The CPU preset with the batch transform's cost measured at `transform_b_s` per id."""
-    c = from_topology(topo, dense_step_s=0.01).replace(batch_transform=Linear(20e-6, transform_b_s))
-    return c.with_evidence(MEASURED, "test", ("batch_transform",))
+def _coeffs(topo, transform_b_s: float, recombine_b_s: float = 1e-12):
+    """The CPU preset with the split model's costs measured: the batch transform at
+    `transform_b_s` per id, the recombination at `recombine_b_s` per pooled element."""
+    c = from_topology(topo, dense_step_s=0.01).replace(
+        batch_transform=Linear(20e-6, transform_b_s), recombine_b_s=recombine_b_s
+    )
+    return c.with_evidence(MEASURED, "test", ("batch_transform", "recombine_b_s"))
 
 
 def _best_per_way(stats, opts, model) -> dict[tuple[str, ...], float]:
@@ -82,18 +85,23 @@ def _best_per_way(stats, opts, model) -> dict[tuple[str, ...], float]:
     return out
 
 
-@pytest.mark.parametrize("transform_b_s", [1e-12, 1e-6])
-def test_a_split_is_chosen_exactly_when_the_model_says_it_pays(transform_b_s):
+@pytest.mark.parametrize(
+    "transform_b_s, recombine_b_s, pays",
+    [(1e-12, 1e-12, True), (1e-6, 1e-12, False), (1e-12, 1e-6, False)],
+    ids=["cheap", "dear-transform", "dear-recombine"],
+)
+def test_a_split_is_chosen_exactly_when_the_model_says_it_pays(transform_b_s, recombine_b_s, pays):
     topo = preset("cpu-gloo", 2)
     stats = _tables()
-    model = CostModel(topo, BATCH, _coeffs(topo, transform_b_s))
+    model = CostModel(topo, BATCH, _coeffs(topo, transform_b_s, recombine_b_s))
     hot = {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)}
     opts = {k: v for k, v in split_options(stats, 2, hot).items() if k == "heavy"}
     assert [o.kind for o in opts["heavy"]].count("hot_cold") >= 2  # several hot sizes offered
     best = _best_per_way(stats, opts, model)
     cheapest = min(best, key=best.__getitem__)
-    # both ways are exercised: a split pays when the transform is nearly free, not at 1 µs/id
-    assert (cheapest != ("heavy",)) == (transform_b_s < 1e-9)
+    # both ways are exercised: a split pays when the split model's costs are nearly free, not
+    # at 1 µs per id routed or per pooled element recombined
+    assert (cheapest != ("heavy",)) == pays
 
     inp = Inputs(stats, topo, BATCH, model.coeffs, splits=opts)
     res = optimize(inp, time_limit_s=20, min_gain=0.0)

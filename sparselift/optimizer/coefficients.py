@@ -77,6 +77,8 @@ class Coefficients:
     lookup_unit: LookupUnit = KERNEL_UNIT  # CPU lookups' work unit (κ, μ) the lookup fits count
     # a plan with splits: the loader's batch transform, x = ids routed (a_s per split feature)
     batch_transform: Linear = Linear(0.0, 0.0)
+    # … and the split model's recombination of pooled embeddings: seconds per element (fwd + bwd)
+    recombine_b_s: float = 0.0
     # per coefficient (COEFFICIENT_NAMES order): (name, MEASURED or ASSUMED, profile or preset);
     # a tuple so that Coefficients stays hashable
     evidence: tuple[tuple[str, str, str], ...] = ()
@@ -131,11 +133,15 @@ COEFFICIENT_NAMES = (
     "dense_step_s",
     "lookup_unit",
     "batch_transform",
+    "recombine_b_s",
 )
 # The batch transform's cost per split feature and per id routed, where no profile measured it:
 # a few vectorized torch ops per feature on the host (CPU), or on the device (CUDA: launches).
 CPU_TRANSFORM = Linear(40e-6, 30e-9)
 CUDA_TRANSFORM = Linear(60e-6, 0.1e-9)
+# The recombination's seconds per pooled element read (views split, parts added, all concatenated):
+# a memory-bound pass forward and backward.
+CPU_RECOMBINE_B_S, CUDA_RECOMBINE_B_S = 4e-9, 2e-11
 
 
 # (seconds per call, seconds per work unit) of fbgemm's CPU TBE (see sparselift/kernels.py)
@@ -178,6 +184,7 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
         pipeline_overhead_s=topo.pipeline_overhead_s,
         dense_step_s=dense_step_s,
         batch_transform=CUDA_TRANSFORM if topo.device == "cuda" else CPU_TRANSFORM,
+        recombine_b_s=CUDA_RECOMBINE_B_S if topo.device == "cuda" else CPU_RECOMBINE_B_S,
         source=f"preset {topo.preset or 'file'}",
     ).with_evidence(ASSUMED, f"preset {topo.preset or 'topology file'}", COEFFICIENT_NAMES)
 

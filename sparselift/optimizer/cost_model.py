@@ -22,10 +22,11 @@ stats miss only its own entries; a changed coefficient only re-multiplies cached
 per-call costs (the a_s of a fit) are counted once per sharding-type group present (one
 all-to-all / one TBE per group, as TorchRec batches them).
 
-A virtual table of a split (`split_options`) is priced as any table, plus the loader's batch
-transform on every rank (its ids routed and its share of the split features' calls, in
-lookup_fwd: the transform runs in the step, before the input distribution), at
-ASSUMED_TRANSFORM_MARGIN × its cost where no profile measured it.
+A virtual table of a split (`split_options`) is priced as any table, plus, on every rank and in
+lookup_fwd (both run in the step, outside the collectives), the loader's batch transform (its ids
+routed and its share of the split features' calls) and the split model's recombination (its
+pooled block read; a split model also writes the whole pooled output once more,
+`recombine_fixed_s`), each at ASSUMED_TRANSFORM_MARGIN × its cost where no profile measured it.
 
 Memory per rank: weights + row-wise Adagrad state (one float per row) + the whole-table gradient of
 the dense kernel / data-parallel + UVM cache in HBM (table in host memory) + the sparse-dist
@@ -159,6 +160,13 @@ class PlanCost:
         }
 
 
+def recombine_b_s(coeffs: Coefficients) -> float:
+    """The recombination's seconds per element as priced: at ASSUMED_TRANSFORM_MARGIN × the
+    preset's where no profile measured it."""
+    measured = coeffs.measured("recombine_b_s")
+    return coeffs.recombine_b_s * (1.0 if measured else ASSUMED_TRANSFORM_MARGIN)
+
+
 def group_of(cls: OptionClass) -> tuple[str, str]:
     """The (sharding type, kernel) group a class runs in: one TBE call per group."""
     return (cls.sharding_type, cls.kernel)
@@ -209,6 +217,7 @@ class CostModel:
         # an assumed transform cost is priced at a margin: a split must pay even if it is off
         margin = 1.0 if coeffs.measured("batch_transform") else ASSUMED_TRANSFORM_MARGIN
         tx_a, tx_b = (margin * x for x in (coeffs.batch_transform.a_s, coeffs.batch_transform.b_s))
+        rec_b = recombine_b_s(coeffs)
 
         def load(n: Counts) -> RankLoad:
             return RankLoad(
@@ -216,7 +225,8 @@ class CostModel:
                 coeffs.lookup_fwd.b_s * n.fwd_work
                 + coeffs.uvm_miss_b_s * n.miss_x
                 + tx_a * n.routed_features
-                + tx_b * n.routed_ids,
+                + tx_b * n.routed_ids
+                + rec_b * n.recombined_x,
                 out(n.out_fwd_intra, n.out_fwd_inter, coeffs.output_dist_fwd.b_s, ff),
                 out(n.out_bwd_intra, n.out_bwd_inter, coeffs.output_dist_bwd.b_s, fb),
                 coeffs.lookup_bwd.b_s * n.bwd_work
@@ -248,6 +258,20 @@ class CostModel:
             * coeffs.dp_allreduce.a_s
             * (1 if any(s == DP for s, _ in groups) else 0),
         )
+
+    def recombine_fixed_s(self, stats: Mapping[str, TableStats], choices: Iterable[str]) -> float:
+        """What a split model's recombination costs every rank beyond its parts' reads: writing
+        the model's whole pooled output (0 without a split)."""
+        tables = [stats[n] for n in choices]
+        if not any(t.split_of is not None for t in tables):
+            return 0.0
+        return self.recombine_whole_s(tables)
+
+    def recombine_whole_s(self, tables: Iterable[TableStats]) -> float:
+        """Writing the pooled output of `tables` (the model's, or a plan's parts standing in for
+        theirs) once: seconds per rank and step."""
+        width = sum(t.embedding_dim * max(1, len(t.feature_names)) * t.output_share for t in tables)
+        return recombine_b_s(self.coeffs) * self.batch_size * width
 
     def pipeline_buffer_bytes(self, stats: Iterable[TableStats]) -> float:
         """Bytes the sparse-dist pipeline adds to every rank: one more batch of ids (all
@@ -300,6 +324,7 @@ class CostModel:
         phases = {
             ph: max(getattr(load, ph) for load in loads) + getattr(fixed, ph) for ph in PHASES
         }
+        phases["lookup_fwd"] += self.recombine_fixed_s(stats, choices)
         sparse_dist = plan_wide.pipeline == "sparse-dist"
         buffer = self.pipeline_buffer_bytes(stats[n] for n in choices) if sparse_dist else 0.0
         if sparse_dist:

@@ -45,6 +45,7 @@ class Counts:
     ddr: float = 0.0
     routed_ids: float = 0.0  # ids the batch transform routes to this virtual table (every rank)
     routed_features: float = 0.0  # … and split features it is charged for
+    recombined_x: float = 0.0  # its pooled elements the split model's recombination reads
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def class_counts(
 
 
 def _with_transform(cc: ClassCounts, batch_size: int, t: TableStats) -> ClassCounts:
-    """`cc` with the batch transform of a virtual table: every rank routes its own batch's ids.
+    """`cc` with the batch transform of a virtual table (every rank routes its own batch's ids)
+    and its part of the recombination (every rank reads its own batch's pooled block).
 
     A placed class's loads are counted once per shard, so each shard carries its share.
     """
@@ -103,9 +105,15 @@ def _with_transform(cc: ClassCounts, batch_size: int, t: TableStats) -> ClassCou
         return cc
     per = 1.0 / cc.shards if cc.located == "rank" else 1.0
     ids, feats = batch_size * t.ids_per_sample * per, t.routed_features * per
+    pooled = batch_size * t.embedding_dim * max(1, len(t.feature_names)) * per
 
     def add(n: Counts) -> Counts:
-        return replace(n, routed_ids=n.routed_ids + ids, routed_features=n.routed_features + feats)
+        return replace(
+            n,
+            routed_ids=n.routed_ids + ids,
+            routed_features=n.routed_features + feats,
+            recombined_x=n.recombined_x + pooled,
+        )
 
     if cc.located == "all":
         return replace(cc, own=add(cc.own))

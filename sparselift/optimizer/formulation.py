@@ -91,6 +91,7 @@ def _classes_and_fixed_costs(
     per sharding type, implied by the chosen classes; each phase's fixed per-call cost as an
     expression of them (one all-to-all per sharding type, one TBE per group, as TorchRec batches
     them); and the pipeline boolean. Returns (fixed cost per phase, sparse_dist)."""
+    split_vars = []
     for s in p.stats:
         ways = p.alternatives(s.name)
         if len(ways) == 1:
@@ -101,6 +102,7 @@ def _classes_and_fixed_costs(
         for way, x in zip(ways, chosen, strict=True):
             for name in way:
                 m.add(sum(use[name, c] for c in p.classes[name]) == x)
+        split_vars += chosen[1:]
     groups: dict[tuple[str, str], cp_model.IntVar] = {}
     for (_, c), v in use.items():
         g = group_of(c)
@@ -129,6 +131,11 @@ def _classes_and_fixed_costs(
     if dp:
         dp_fixed = _ns((1 - coeffs.dp_overlap) * coeffs.dp_allreduce.a_s)
         fixed_cost[PHASES.index("dp_allreduce")] += dp_fixed * dp[0]
+    if split_vars:  # a split model writes the whole pooled output once more (`recombine_fixed_s`)
+        any_split = m.new_bool_var("any_split")
+        m.add_max_equality(any_split, split_vars)
+        whole = p.model.recombine_whole_s(p.stats)
+        fixed_cost[PHASES.index("lookup_fwd")] += _ns(whole) * any_split
     sparse_dist = m.new_bool_var("pipeline_sparse_dist")
     if not p.allow_sparse_dist:  # its pay-off is not measured (`robust.pipeline_measured`)
         m.add(sparse_dist == 0)

@@ -89,7 +89,8 @@ class SplitOption:
 
 
 def _part(t: TableStats, name: str, rows: int, dim: int, share: float, n: int) -> TableStats:
-    """Virtual table `name` of `t`: `rows`×`dim`, `share` of its ids, 1/`n` of its transform."""
+    """Virtual table `name` of `t`: `rows`×`dim`, `share` of its ids, 1/`n` of its transform
+    (and of its output, unless a column slice: its own columns)."""
     return dataclasses.replace(
         t,
         name=name,
@@ -101,6 +102,7 @@ def _part(t: TableStats, name: str, rows: int, dim: int, share: float, n: int) -
         feature_names=tuple(virtual_feature(f, name) for f in t.feature_names or (t.name,)),
         split_of=t.name,
         routed_features=len(t.feature_names or (t.name,)) / n,
+        output_share=1.0 if dim < t.embedding_dim else 1.0 / n,
     )
 
 

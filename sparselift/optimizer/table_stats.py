@@ -30,10 +30,12 @@ class TableStats:
     top1pct_share: float | None = None  # measured share of accesses to the hottest 1% rows
     top10pct_share: float | None = None
     feature_names: tuple[str, ...] = ()
-    # a virtual table of a split (`split_options`): the model table it is a part of, and the
-    # share of that table's split features whose batch-transform calls this part is charged
+    # a virtual table of a split (`split_options`): the model table it is a part of, the share
+    # of that table's split features whose batch-transform calls this part is charged, and the
+    # share of its own pooled width the recombined output holds (summed parts: 1/parts)
     split_of: str | None = None
     routed_features: float = 0.0
+    output_share: float = 1.0  # the share of its pooled width that the model's output counts
 
     def hot_share(self, fraction: float) -> float:
         """Share of accesses that hit the hottest `fraction` of rows (what a cache of that size
