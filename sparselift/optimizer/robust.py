@@ -16,7 +16,8 @@ Three rules, applied around the solve (`optimize`):
   `risk_penalty_ns` to the CP-SAT objective. The penalties of all risky choices together are at
   most RISK_TOLERANCE of a reference step (the cheapest-average start's average rank), so the
   secondary objective can cost at most about that share of predicted step against the
-  step-optimal plan.
+  step-optimal plan. A split's parts are risky while the split model's own costs (batch
+  transform, recombination) are not both measured.
 * *Only what is measured to pay.* The sparse-dist pipeline only when its overlap was measured
   (`pipeline_measured`); 16-bit collectives only when the quantize cost and the bytes' cost
   were measured (`precision_measured`) or, planning for unprofiled hardware, when TorchRec's
@@ -53,6 +54,12 @@ def risky_class(c: OptionClass, coeffs: Coefficients) -> bool:
     if c.kernel == UVM_CACHING:
         return True
     return c.sharding_type == DP and coeffs.any_measured() and not coeffs.measured("dp_allreduce")
+
+
+def split_costs_measured(coeffs: Coefficients) -> bool:
+    """Whether what a split model adds to a step (the batch transform, the recombination) was
+    measured; where not, a split's parts count as risky choices."""
+    return coeffs.measured("batch_transform") and coeffs.measured("recombine_b_s")
 
 
 def pipeline_measured(coeffs: Coefficients) -> bool:
@@ -99,8 +106,7 @@ def risk_penalty_ns(p: Problem) -> int:
     choice the model could make (one per table with a risky class, one for the pipeline), so
     that all of them together stay within the tolerance; at least 1 ns where there is any.
     """
-    coeffs = p.coeffs
-    n = sum(1 for s in p.tables if any(risky_class(c, coeffs) for c in p.classes[s.name]))
+    n = len({name for name, _ in p.risky})
     n += 1 if p.allow_sparse_dist else 0
     if n == 0:
         return 0
@@ -159,8 +165,13 @@ def robust_problem(
     """A `Problem` with this module's rules set: the pipeline only where measured, the risky
     (table, class) pairs and the penalty per risky choice."""
     coeffs = model.coeffs
+    parts = {q.name for opts in (splits or {}).values() for o in opts for q in o.parts}
+    split_risky = not split_costs_measured(coeffs)
     risky = frozenset(
-        (name, c) for name, cs in classes.items() for c in cs if risky_class(c, coeffs)
+        (name, c)
+        for name, cs in classes.items()
+        for c in cs
+        if risky_class(c, coeffs) or (split_risky and name in parts)
     )
     p = Problem(
         stats, model, plan_wide, classes, pipeline_measured(coeffs), risky, splits=splits or {}
