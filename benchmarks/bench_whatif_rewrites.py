@@ -5,9 +5,9 @@ The corpus is `synthetic.whatif_corpus` (as bench_whatif_corpus.py). Every coeff
 h100x8 preset's, *assumed*: no profile of that hardware exists; the batch transform is priced at
 `cost_model.ASSUMED_TRANSFORM_MARGIN` × its preset cost, and the hot/cold splits' hot sets come
 from each table's Zipf law (`split_options.hot_cold_from_zipf`; ids are placeholders: the plans
-are priced, not written). Both solves are SparseLift's model alone (`robust.solve_without_dominated`
-with the same rules `optimize` applies); `optimize` itself offers no splits to what-if GPU plans,
-as TorchRec's estimator, which those answer to, cannot price them. So this is what the rewrites
+are priced, not written). Both solves are `optimize` with SparseLift's model alone
+(`two_models=False`); `sparselift optimize` itself offers no splits to what-if GPU plans, as
+TorchRec's estimator, which those answer to, cannot price them. So this is what the rewrites
 would be worth if the model's assumed terms hold, not a measured gain.
 
 Printed per workload and world size: the step without and with splits, their ratio, and the
@@ -30,10 +30,8 @@ from corpus_args import corpus_parser, parse_corpus_args
 
 from sparselift.atomic import write_bytes
 from sparselift.optimizer.coefficients import from_topology
-from sparselift.optimizer.cost_model import CostModel
-from sparselift.optimizer.robust import solve_without_dominated
-from sparselift.optimizer.space import PlanWide
-from sparselift.optimizer.split_options import chosen_splits, part_stats, split_options
+from sparselift.optimizer.optimize import Inputs, optimize
+from sparselift.optimizer.split_options import split_options
 from sparselift.optimizer.synthetic import whatif_corpus
 from sparselift.optimizer.topology import preset
 
@@ -44,21 +42,18 @@ DENSE_STEP_S = 0.005  # the same dense step for both solves: it cancels in neith
 def run_one(stats: list[Any], batch: int, ranks: int, time_limit_s: float) -> dict[str, Any]:
     """One workload at `ranks`: the step without and with splits on offer, and what was split."""
     topo = preset(DEVICE, ranks)
-    model = CostModel(topo, batch, from_topology(topo, DENSE_STEP_S))
+    coeffs = from_topology(topo, DENSE_STEP_S)
     hottest = {s.name: range(min(s.num_embeddings, 65_536)) for s in stats}
     offered = split_options(stats, ranks, hottest=hottest)
-    by_name = {s.name: s for s in (*stats, *part_stats(offered))}
     row: dict[str, Any] = {"ranks": ranks, "tables": len(stats), "batch": batch}
-    for label, splits in (("plain", None), ("splits", offered)):
+    for label, splits in (("plain", {}), ("splits", offered)):
         t0 = time.perf_counter()
-        sol = solve_without_dominated(
-            stats, model, PlanWide(), splits=splits, time_limit_s=time_limit_s, mode="auto"
-        )
-        wide = PlanWide(pipeline=sol.pipeline)
-        row[f"{label}_ms"] = model.evaluate(by_name, sol.choices, wide).step_time_s * 1e3
+        inp = Inputs(stats, topo, batch, coeffs, splits=splits)
+        res = optimize(inp, time_limit_s=time_limit_s, two_models=False)
+        row[f"{label}_ms"] = res.cost.step_time_s * 1e3
         row[f"{label}_solve_s"] = time.perf_counter() - t0
         if splits:
-            row["chosen"] = dict(Counter(o.kind for o in chosen_splits(splits, sol.choices)))
+            row["chosen"] = dict(Counter(s.kind for s in res.plan.splits))
     row["offered"] = sum(len(v) for v in offered.values())
     row["ratio"] = row["plain_ms"] / row["splits_ms"]
     return row

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparselift import plans
 from sparselift.errors import UserError
 from sparselift.optimizer.agreement import Agreement, Verdicts, both_accept
+from sparselift.optimizer.choose import CheapestBaseline, PendingBaselines, choose_precision
 from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import CostModel, PlanCost
 from sparselift.optimizer.planio import choices_from_plan, statistics_digest, to_plan
@@ -47,9 +48,11 @@ from sparselift.optimizer.whatif import (
     two_model_mode,
 )
 
-PendingBaselines = Callable[[], Sequence[plans.Plan | None]]
 TILT = 4.0  # what-if: the factor on the weight of the model that rejected the first solve
 RETRY_SHARE = 0.5  # … and that second solve's share of the time limit
+# With splits on offer: the share of the time limit the solve without them gets, before the solve
+# with them starts from its plan (the larger model alone can end worse within its limit).
+PLAIN_SHARE = 0.4
 
 
 @dataclass
@@ -100,72 +103,6 @@ class Result:
     verdicts: Verdicts | None = None
 
 
-def choose_precision(model: CostModel) -> PlanWide:
-    """fp16 forward / bf16 backward where halving the bytes saves more than (de)quantizing costs.
-
-    Per fp32 byte sent, 16-bit saves half its wire time w/2 and costs q/2 (q: seconds per element
-    quantized, at both ends): a plan-independent comparison (both scale with the same bytes), so it
-    is decided before the solve. w is the bytes' link: inside the host on one host (never more than
-    the call's whole per-byte cost; host work per byte is not halved), the network otherwise.
-    Gloo has no bf16 collectives (TorchRec falls back to fp16 there), so a CPU plan says fp16.
-
-    Returns:
-        The collective precision (pipeline "base": the solver decides it).
-    """
-    coeffs, multi = model.coeffs, model.topo.num_hosts > 1
-    half_bwd = "bf16" if model.topo.device == "cuda" else "fp16"
-
-    def pays(b_intra: float) -> bool:
-        wire = coeffs.inter_host_b_s if multi else min(b_intra, coeffs.wire_b_s)
-        return coeffs.quantize_b_s < wire
-
-    return PlanWide(
-        forward="fp16" if pays(coeffs.output_dist_fwd.b_s) else "fp32",
-        backward=half_bwd if pays(coeffs.output_dist_bwd.b_s) else "fp32",
-    )
-
-
-class _CheapestBaseline:
-    """The baseline to beat: the cheapest given plan under `model` (the objective the solve
-    minimizes: set before the first call), chosen once all are there; every plan given is kept
-    in `candidates`.
-
-    Called as the solver's warm start, so that plans still being made (TorchRec's planner in
-    child processes) are waited for only once the first CP-SAT model is built.
-    """
-
-    def __init__(
-        self,
-        model: CostModel,
-        by_name: dict[str, TableStats],
-        given: Sequence[plans.Plan | None],
-        pending: PendingBaselines | None,
-    ) -> None:
-        self.model, self.by_name, self.given, self.pending = model, by_name, given, pending
-        self.resolved, self.waited_s = False, 0.0
-        self.plan: plans.Plan | None = None
-        self.choices: dict[str, Choice] | None = None
-        self.cost: PlanCost | None = None
-        self.candidates: list[tuple[plans.Plan, dict[str, Choice], PlanWide]] = []
-
-    def __call__(self) -> dict[str, Choice] | None:
-        if not self.resolved:
-            t0 = time.perf_counter()
-            candidates = [*self.given, *(self.pending() if self.pending is not None else ())]
-            self.waited_s = time.perf_counter() - t0
-            for candidate in candidates:  # ties: the first given
-                if candidate is None:
-                    continue
-                choices, plan_wide = choices_from_plan(candidate, self.model.topo)
-                self.candidates.append((candidate, choices, plan_wide))
-                tables = {**self.by_name, **plan_tables(candidate, list(self.by_name.values()))}
-                cost = self.model.evaluate(tables, choices, plan_wide)
-                if self.cost is None or cost.step_time_s < self.cost.step_time_s:
-                    self.choices, self.cost, self.plan = choices, cost, candidate
-            self.resolved = True
-        return self.choices
-
-
 def optimize(
     inp: Inputs,
     *,
@@ -179,6 +116,7 @@ def optimize(
     other_baselines: tuple[plans.Plan, ...] = (),
     pending_baselines: PendingBaselines | None = None,
     current: plans.Plan | None = None,
+    two_models: bool | None = None,
 ) -> Result:
     """Plan: solve, then keep the cheapest baseline unless ours is predicted faster by `min_gain`.
 
@@ -206,6 +144,8 @@ def optimize(
             built (after `baseline` and `other_baselines` in the order of ties).
         current: the plan the profiled job runs today: kept (as it is) unless the new plan is
             predicted `min_gain` faster than it, whichever baseline that new plan is.
+        two_models: whether the plan must also hold under TorchRec's estimator; None: where
+            `whatif.two_model_mode` says (benchmarks of SparseLift's model alone pass False).
     Returns:
         The plan and its record.
     Raises:
@@ -215,12 +155,12 @@ def optimize(
         raise UserError("the workload has no tables")
     model = CostModel(inp.topo, inp.batch_size, inp.coeffs)
     plan_wide, notes, consult = gate_precision(model, choose_precision(model))
-    two = two_model_mode(inp.topo, inp.coeffs)
+    two = two_model_mode(inp.topo, inp.coeffs) if two_models is None else two_models
     splits = {} if two else inp.splits
     if two and inp.splits:
         notes.append("no splits: TorchRec's estimator, which what-if plans answer to, has none")
     by_name = {s.name: s for s in (*inp.stats, *part_stats(splits))}
-    base = _CheapestBaseline(model, by_name, (baseline, *other_baselines), pending_baselines)
+    base = CheapestBaseline(model, by_name, (baseline, *other_baselines), pending_baselines)
     book = PriceBook(inp.stats, inp.topo, inp.batch_size)
     t0 = time.perf_counter()
 
@@ -244,20 +184,34 @@ def optimize(
             )
             return polish(p, solved, ref)
 
-        sol = solve_without_dominated(
-            inp.stats,
-            model,
-            wide,
-            objective if two else None,
-            improve if two else None,
-            splits=splits,
-            time_limit_s=limit_s,
-            seed=seed,
-            workers=workers,
-            mode=mode,
-            progress=progress,
-            warm_start=base,
-        )
+        def run(
+            offered: dict[str, list[SplitOption]], share: float, start: Callable[[], Any]
+        ) -> Solution:
+            return solve_without_dominated(
+                inp.stats,
+                model,
+                wide,
+                objective if two else None,
+                improve if two else None,
+                splits=offered,
+                time_limit_s=share * limit_s,
+                seed=seed,
+                workers=workers,
+                mode=mode,
+                progress=progress,
+                warm_start=start,
+            )
+
+        sol = run({}, 1.0 if not splits else PLAIN_SHARE, base)
+        if splits:  # with splits on offer, from the plan without: never worse than it
+            plain = sol
+            split = run(splits, 1.0 - PLAIN_SHARE, lambda: plain.choices)
+
+            def step(s: Solution) -> float:
+                w = PlanWide(wide.forward, wide.backward, s.pipeline)
+                return model.evaluate(by_name, s.choices, w).step_time_s
+
+            sol = split if step(split) < step(plain) else plain
         return sol, (two_model[-1] if two_model else model)
 
     if not pipeline_measured(inp.coeffs):

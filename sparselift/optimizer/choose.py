@@ -1,0 +1,82 @@
+"""Two choices `optimize` makes around the solve: the comm precision (before it) and the
+baseline to beat and start from (the cheapest plan given, resolved when the solver asks)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from sparselift import plans
+from sparselift.optimizer.cost_model import CostModel, PlanCost
+from sparselift.optimizer.planio import choices_from_plan
+from sparselift.optimizer.space import Choice, PlanWide
+from sparselift.optimizer.split_options import plan_tables
+from sparselift.optimizer.table_stats import TableStats
+
+PendingBaselines = Callable[[], Sequence[plans.Plan | None]]
+
+
+def choose_precision(model: CostModel) -> PlanWide:
+    """fp16 forward / bf16 backward where halving the bytes saves more than (de)quantizing costs.
+
+    Per fp32 byte sent, 16-bit saves half its wire time w/2 and costs q/2 (q: seconds per element
+    quantized, at both ends): a plan-independent comparison (both scale with the same bytes), so it
+    is decided before the solve. w is the bytes' link: inside the host on one host (never more than
+    the call's whole per-byte cost; host work per byte is not halved), the network otherwise.
+    Gloo has no bf16 collectives (TorchRec falls back to fp16 there), so a CPU plan says fp16.
+
+    Returns:
+        The collective precision (pipeline "base": the solver decides it).
+    """
+    coeffs, multi = model.coeffs, model.topo.num_hosts > 1
+    half_bwd = "bf16" if model.topo.device == "cuda" else "fp16"
+
+    def pays(b_intra: float) -> bool:
+        wire = coeffs.inter_host_b_s if multi else min(b_intra, coeffs.wire_b_s)
+        return coeffs.quantize_b_s < wire
+
+    return PlanWide(
+        forward="fp16" if pays(coeffs.output_dist_fwd.b_s) else "fp32",
+        backward=half_bwd if pays(coeffs.output_dist_bwd.b_s) else "fp32",
+    )
+
+
+class CheapestBaseline:
+    """The baseline to beat: the cheapest given plan under `model` (the objective the solve
+    minimizes: set before the first call), chosen once all are there; every plan given is kept
+    in `candidates`.
+
+    Called as the solver's warm start, so that plans still being made (TorchRec's planner in
+    child processes) are waited for only once the first CP-SAT model is built.
+    """
+
+    def __init__(
+        self,
+        model: CostModel,
+        by_name: dict[str, TableStats],
+        given: Sequence[plans.Plan | None],
+        pending: PendingBaselines | None,
+    ) -> None:
+        self.model, self.by_name, self.given, self.pending = model, by_name, given, pending
+        self.resolved, self.waited_s = False, 0.0
+        self.plan: plans.Plan | None = None
+        self.choices: dict[str, Choice] | None = None
+        self.cost: PlanCost | None = None
+        self.candidates: list[tuple[plans.Plan, dict[str, Choice], PlanWide]] = []
+
+    def __call__(self) -> dict[str, Choice] | None:
+        if not self.resolved:
+            t0 = time.perf_counter()
+            candidates = [*self.given, *(self.pending() if self.pending is not None else ())]
+            self.waited_s = time.perf_counter() - t0
+            for candidate in candidates:  # ties: the first given
+                if candidate is None:
+                    continue
+                choices, plan_wide = choices_from_plan(candidate, self.model.topo)
+                self.candidates.append((candidate, choices, plan_wide))
+                tables = {**self.by_name, **plan_tables(candidate, list(self.by_name.values()))}
+                cost = self.model.evaluate(tables, choices, plan_wide)
+                if self.cost is None or cost.step_time_s < self.cost.step_time_s:
+                    self.choices, self.cost, self.plan = choices, cost, candidate
+            self.resolved = True
+        return self.choices
