@@ -250,3 +250,45 @@ def test_parts_are_risky_choices_until_the_split_models_costs_are_measured():
         assert all((q.name in flagged) == risky for o in opts["heavy"] for q in o.parts)
         assert not flagged & {s.name for s in stats}  # the model's own tables are not
         assert (p.risk_penalty_ns > 0) == risky
+
+
+@pytest.mark.slow
+def test_the_optimizers_split_plan_from_a_real_profile_trains(tmp_path):
+    """Profile tiny, plan with its measured hot ids (the split model's own costs made nearly
+    free, so that splits pay), and train that plan on 2 gloo ranks as it says."""
+    from sparselift.cli import main
+    from sparselift.optimizer.coefficients import coefficients
+    from sparselift.optimizer.topology import profiled_topology
+    from sparselift.workloads.harness import TrainConfig, run_training
+
+    prof = tmp_path / "prof"
+    profile = ["profile", "--workload", "tiny", "--nproc", "2", "--steps", "3", "--warmup", "2"]
+    assert main([*profile, "--out", str(prof)]) == 0
+    assert main(["analyze", str(prof)]) == 0
+    pin = read_profile(prof, need_calibration=True)
+    assert pin.hot_ids  # the profile recorded them
+    topo = profiled_topology(pin.calibration, str(prof))
+    free = coefficients(topo, pin.calibration).replace(
+        batch_transform=Linear(0.0, 0.0), recombine_b_s=0.0
+    )
+    free = free.with_evidence(MEASURED, "test", ("batch_transform", "recombine_b_s"))
+    inp = Inputs(
+        pin.stats, topo, pin.batch_size, free, splits=split_options(pin.stats, 2, pin.hot_ids)
+    )
+    plan = optimize(inp, time_limit_s=20, min_gain=0.0).plan
+    assert plan.splits
+    path = tmp_path / "split.json"
+    plans.save(plan, path)
+    result = run_training(
+        TrainConfig(
+            workload="tiny",
+            nproc=2,
+            steps=3,
+            warmup=1,
+            plan=str(path),
+            hook="rank_hooks:ShardingTypes",
+        )
+    )
+    got = result.ranks[0].extra["tables"]
+    for t in plan.tables:  # every virtual table trained as the plan says
+        assert got[t.name]["sharding_type"] == t.sharding_type and got[t.name]["ranks"] == t.ranks
