@@ -7,6 +7,7 @@ Real solver, real cost model, real plan loader; the constructed tables make a sp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -292,3 +293,19 @@ def test_the_optimizers_split_plan_from_a_real_profile_trains(tmp_path):
     got = result.ranks[0].extra["tables"]
     for t in plan.tables:  # every virtual table trained as the plan says
         assert got[t.name]["sharding_type"] == t.sharding_type and got[t.name]["ranks"] == t.ranks
+
+
+def test_what_if_16_bit_is_not_taken_for_a_split_plan_torchrec_cannot_rate():
+    """Unprofiled hardware and 16 bits that the model says pay: TorchRec's estimator must agree,
+    and it cannot price virtual tables, so a plan with splits keeps fp32."""
+    topo = preset("cpu-gloo", 2)
+    stats = _tables()
+    cheap = _coeffs(topo, 1e-12).replace(quantize_b_s=0.0)  # 16 bits priced as free
+    cheap = dataclasses.replace(cheap, evidence=from_topology(topo).evidence)  # all assumed
+    hot = {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)}
+    inp = Inputs(stats, topo, BATCH, cheap, splits=split_options(stats, 2, hot))
+    res = optimize(inp, time_limit_s=20, min_gain=0.0, two_models=False)
+    assert any("comm precision" in n and "TorchRec's estimator" in n for n in res.notes)
+    assert res.plan.splits  # the split pays by the model here
+    precision = res.plan.comm_precision
+    assert (precision.forward, precision.backward) == ("fp32", "fp32")

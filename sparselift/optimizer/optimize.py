@@ -218,7 +218,9 @@ def optimize(
         notes.append("pipeline base: the sparse-dist pipeline's overlap was not measured")
     sol, minimized = solve_at(plan_wide)
     if consult:  # what-if: 16-bit only where TorchRec's estimator also rates it faster
-        agreed, line = torchrec_agrees(inp, model, sol.choices, plan_wide, sol.pipeline, book)
+        agreed, line = torchrec_agrees(
+            inp, model, sol.choices, plan_wide, sol.pipeline, book, by_name
+        )
         notes.append(line)
         if not agreed:
             plan_wide = PlanWide()

@@ -271,6 +271,7 @@ def torchrec_agrees(
     wide: PlanWide,
     pipeline: str,
     book: PriceBook | None = None,
+    tables: Mapping[str, TableStats] | None = None,
 ) -> tuple[bool, str]:
     """Whether both SparseLift's model and TorchRec's estimator rate `choices` faster at the
     16-bit precision `wide` than at fp32 (same shards, same pipeline), and a line with both
@@ -283,10 +284,13 @@ def torchrec_agrees(
         wide: the 16-bit precision.
         pipeline: the plan's pipeline.
         book: TorchRec's prices of these inputs (made here when None).
+        tables: the tables `choices` runs by name (split parts too); default the inputs'.
+            TorchRec's estimator cannot rate split parts: such a plan is not accepted.
     """
     half = PlanWide(wide.forward, wide.backward, pipeline)
     full = PlanWide("fp32", "fp32", pipeline)
-    ours = [model.evaluate(model_stats(inp), choices, w).step_time_s * 1e3 for w in (half, full)]
+    by_name = tables if tables is not None else model_stats(inp)
+    ours = [model.evaluate(by_name, choices, w).step_time_s * 1e3 for w in (half, full)]
     label = f"{wide.forward}/{wide.backward}"
     verdict = f"SparseLift's model {ours[0]:.3f} vs {ours[1]:.3f} ms"
     book = book or PriceBook(inp.stats, inp.topo, inp.batch_size)
