@@ -40,6 +40,8 @@ UNITS = {
 # unit of `batch_transform`'s x (ids routed; its a_s is per split feature): an op kind that only
 # profiles which timed the batch transform have, hence not among UNITS, which every profile fits
 TRANSFORM_UNIT = "ids"
+# unit of `recombine`'s x (pooled elements the split model's recombination reads and writes)
+RECOMBINE_UNIT = "elements"
 
 
 @dataclass

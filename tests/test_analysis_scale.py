@@ -12,12 +12,15 @@ import sys
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from sparselift.analysis import trace as T
-from sparselift.analysis.pipeline import OUTPUTS, analyze, write_outputs
+from sparselift.analysis.ordered import ordered_sums
+from sparselift.analysis.pipeline import OUTPUTS, analyze, merge_ranks, write_outputs
 from sparselift.analysis.profile import load_profile, worker_count
+from sparselift.analysis.rankwork import load_ranks
 from sparselift.cli import main
 from sparselift.errors import UserError
 
@@ -200,3 +203,106 @@ def test_a_missing_rank_is_refused_unless_allowed(tmp_path, capsys):
     assert set(a.nodes["rank"]) == {0} and set(a.steps["rank"]) == {0}
     assert a.calibration.provenance.manifest["missing_ranks"] == [1]
     assert main(["analyze", str(d), "--out", str(tmp_path / "o"), "--allow-missing-ranks"]) == 0
+
+
+def _replicated(src: Path, dst: Path, n: int) -> Path:
+    """`src`'s profile as if it had run on `n` ranks: rank r's trace is rank (r mod world)'s,
+    renumbered (its collectives then pair across all n)."""
+    dst.mkdir(parents=True)
+    m = json.loads((src / "manifest.json").read_text())
+    k = m["world_size"]
+    for r in range(n):
+        doc = json.loads(gzip.decompress((src / f"rank{r % k}.trace.json.gz").read_bytes()))
+        doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": r, "world_size": n}
+        (dst / f"rank{r}.trace.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    shutil.copy(src / "access_stats.parquet", dst)
+    m["world_size"] = n
+    m["step_times_s"] = [m["step_times_s"][r % k] for r in range(n)]
+    m["files"]["traces"] = [f"rank{r}.trace.json.gz" for r in range(n)]
+    (dst / "manifest.json").write_text(json.dumps(m))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def eight_ranks(tmp_path_factory) -> Path:
+    return _replicated(FIX / "profile_tiny_row_wise", tmp_path_factory.mktemp("p8") / "p", 8)
+
+
+def _calibration(a) -> dict:
+    d = json.loads(a.calibration.to_bytes())
+    d["provenance"].pop("created_unix")
+    return d
+
+
+def test_ordered_sums_add_each_group_as_numpy_adds_it():
+    """Group sizes past numpy's 8-way unrolling and its 128-element blocks, values spanning
+    magnitudes (where the order of additions shows in the last bit)."""
+    rng = np.random.default_rng(0)
+    sizes = [1, 2, 3, 7, 8, 9, 16, 17, 127, 128, 129, 300, 1000]
+    codes = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    values = rng.random(len(codes)) * 10.0 ** rng.uniform(-9, 3, len(codes))
+    got = ordered_sums(values, codes, len(sizes) + 1)  # the last group has no rows
+    want = [np.sum(values[codes == g]) for g in range(len(sizes))]
+    assert got.tolist() == [*want, 0.0]
+    assert got[:-1].tolist() == [pd.Series(values[codes == g]).sum() for g in range(len(sizes))]
+    assert ordered_sums(np.array([1.0, 2.0, 4.0]), np.array([0, -1, 0]), 2).tolist() == [5.0, 0.0]
+
+
+def test_eight_ranks_merged_from_per_rank_results(eight_ranks, tmp_path):
+    """Everything that compares ranks is made after the workers, from their results: the same
+    whatever the number of workers, and as the contract defines it across all eight ranks."""
+    one, par = analyze(eight_ranks, cache=False, workers=1), analyze(eight_ranks, workers=3)
+    write_outputs(one, tmp_path / "one")
+    write_outputs(par, tmp_path / "par")
+    for name in ("nodes.parquet", "edges.parquet", "summary.parquet"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "par" / name).read_bytes()
+    assert _calibration(one) == _calibration(par)
+    pd.testing.assert_frame_equal(one.critical_path, par.critical_path)
+    pd.testing.assert_frame_equal(one.evidence.calls, par.evidence.calls)
+    n, s = par.nodes, par.summary
+    assert sorted(n["rank"].unique()) == list(range(8)) and not par.unplaced
+    coll = n[n["part"] == "collective"].set_index("node_id")
+    peers = par.edges[par.edges["kind"] == "peer"]
+    assert len(peers) == 7 * coll["coll_key"].nunique()
+    src, dst = coll.loc[peers["src"]], coll.loc[peers["dst"]]
+    assert (src["coll_key"].values == dst["coll_key"].values).all()
+    assert (dst["rank"].values == src["rank"].values + 1).all()  # a chain in rank order
+    for _, g in coll.groupby("coll_key"):
+        assert (g["transfer_s"] == g["dur_s"].min()).all()
+        assert (g["skew_s"] == g["dur_s"] - g["dur_s"].min()).all()
+    by_step = s.groupby("step")["step_s"]
+    assert np.allclose(s["imbalance_step"], by_step.transform("max") / by_step.transform("mean"))
+    slowest = s.loc[by_step.idxmax()].set_index("step")["rank"]
+    cp = par.critical_path
+    assert len(cp) and (cp["rank"].values == slowest.loc[cp["step"]].values).all()
+
+
+def test_the_analysing_process_holds_no_events(eight_ranks):
+    """With workers, this process receives each rank's compact results only: its heap's peak
+    stays well under what the ranks' parsed events take (which one process held before)."""
+    events = sum(
+        T.parse_trace_file(p).events.memory_usage(deep=True).sum()
+        for p in sorted(eight_ranks.glob("rank*.trace.json.gz"))
+    )
+    tracemalloc.start()
+    try:
+        a = analyze(eight_ranks, cache=False, workers=2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(a.nodes) and peak < 0.5 * events, (peak, events)
+
+
+def test_a_share_its_worker_could_not_make_is_made_here(tmp_path):
+    """A rank whose worker returned no share or samples (its error is raised where one process
+    would raise it) gets them made again here, from its trace: the same analysis."""
+    d = FIX / "profile_tiny_table_wise"
+    whole = merge_ranks(load_ranks(d, cache=False, workers=2), d)
+    run = load_ranks(d, cache=False, workers=2)
+    run.results[1].share, run.results[1].calls = None, None
+    again = merge_ranks(run, d)
+    write_outputs(whole, tmp_path / "whole")
+    write_outputs(again, tmp_path / "again")
+    for name in ("nodes.parquet", "edges.parquet", "summary.parquet"):
+        assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
+    assert _calibration(whole) == _calibration(again)

@@ -5,8 +5,9 @@ Gathered apart from the fit so that several profiles of a job can be fitted toge
 every op), so where the profile also timed steps after the window, the window's samples are
 scaled to the steady step: the profiler's inflation (window ÷ steady, slowest rank, medians) is
 taken to slow every part of a step alike, and the calibration then reproduces the steady step,
-not the profiled one. The batch transform's timings (`transform_fit`) are taken as recorded:
-the profiler times them after the window, with nothing attached.
+not the profiled one. The batch transform's timings (`transform_fit`) and the recombination's
+(`recombine_fit`) are taken as recorded: the profiler times them after the window, with nothing
+attached.
 """
 
 from __future__ import annotations
@@ -15,15 +16,21 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from sparselift.analysis.compare import after_window, slowest_rank_steps
+from sparselift.analysis.recombine_fit import RecombineSample, recombine_samples_of
 from sparselift.analysis.samples import (
     LOOKUPS,
+    SAMPLE_COLUMNS,
+    LookupContext,
     call_samples,
-    lookup_parts_per_node,
+    lookup_context,
+    lookup_parts,
     lookup_work_of,
     with_plan_bytes,
+    with_transfer,
 )
 from sparselift.analysis.transform_fit import TransformSample, samples_of
 from sparselift.analysis.volumes import dist_bytes
@@ -53,6 +60,7 @@ class ProfileEvidence:
             MIN_STEADY_STEPS were.
         inflation: the profiled window's median step ÷ steady_step_s; None when not measured.
         transform: the batch transform's timings the manifest records ([] where none).
+        recombine: the recombination's timings the manifest records ([] where none).
     """
 
     profile: str
@@ -66,6 +74,7 @@ class ProfileEvidence:
     steady_step_s: float | None = None
     inflation: float | None = None
     transform: list[TransformSample] = field(default_factory=list)
+    recombine: list[RecombineSample] = field(default_factory=list)
 
 
 def window_inflation(manifest: dict[str, Any], step_s: pd.Series) -> tuple[float, float] | None:
@@ -84,6 +93,52 @@ def window_inflation(manifest: dict[str, Any], step_s: pd.Series) -> tuple[float
     if steady <= 0:
         return None
     return steady, statistics.median(window) / steady
+
+
+@dataclass(frozen=True)
+class RankEvidenceContext:
+    """What one rank's call samples need of the profile (`rank_calls`), small enough to send to
+    every rank's worker.
+
+    Attributes:
+        world_size: ranks profiled (the manifest's).
+        device: "cpu" or "cuda".
+        lookups: the access statistics and plan as lookup sizing needs them (None: none).
+    """
+
+    world_size: int
+    device: str
+    lookups: LookupContext | None
+
+
+def evidence_context(
+    manifest: dict[str, Any], access: pd.DataFrame | None, plan_tables: pd.DataFrame | None
+) -> RankEvidenceContext:
+    """The `RankEvidenceContext` of a profile's manifest, access statistics and plan."""
+    tables = plan_tables if plan_tables is not None else pd.DataFrame(columns=PLAN_TABLE_COLUMNS)
+    return RankEvidenceContext(
+        int(manifest["world_size"]), manifest.get("device") or "cpu", lookup_context(access, tables)
+    )
+
+
+def rank_calls(nodes: pd.DataFrame, ctx: RankEvidenceContext) -> pd.DataFrame:
+    """The call samples of every step of some ranks' nodes, before the ranks are compared: lookups
+    sized in work units from their parts (ids, distinct rows, pooled elements), `transfer` not yet
+    known (`samples.with_transfer` fills it once collectives are paired across ranks).
+
+    Args:
+        nodes: graph nodes of one rank (or more), tables and x attached.
+        ctx: what sizing needs (`evidence_context`).
+    Returns:
+        `samples.call_samples(..., transfer=False)` of those nodes.
+    """
+    nodes = nodes.copy()
+    look = nodes["kind"].isin(LOOKUPS)
+    if look.any():
+        parts = lookup_parts(nodes[look], ctx.lookups, ctx.world_size)
+        nodes.loc[look, "x"] = lookup_work_of(parts, nodes.loc[look, "kind"], ctx.device)
+        nodes.loc[look, ["ids", "unique", "bag_elems"]] = parts[["ids", "unique", "bag_elems"]]
+    return call_samples(nodes, ctx.world_size, transfer=False)
 
 
 def profile_evidence(
@@ -107,25 +162,42 @@ def profile_evidence(
         The evidence (lookup samples carry their parts: ids, distinct rows, pooled elements).
     Raises:
         UserError: the quieter steps have no sparse-path call to fit on, or the manifest's
-            batch-transform record is malformed.
+            batch-transform or recombination record is malformed.
+    """
+    calls = rank_calls(nodes, evidence_context(manifest, access, plan_tables))
+    return gather_evidence([calls], nodes, steps, manifest, profile_dir, access, plan_tables)
+
+
+def gather_evidence(
+    rank_samples: list[pd.DataFrame],
+    nodes: pd.DataFrame,
+    steps: pd.DataFrame,
+    manifest: dict[str, Any],
+    profile_dir: str,
+    access: pd.DataFrame | None = None,
+    plan_tables: pd.DataFrame | None = None,
+) -> ProfileEvidence:
+    """`profile_evidence` from the ranks' own samples (`rank_calls`, in rank order): the steps
+    compared across ranks (the quieter half, by the slowest rank), each call's transfer from the
+    collectives paired across ranks, the plan's bytes and the data-parallel allreduces.
+
+    Args:
+        rank_samples: `rank_calls` of each rank, in rank order.
+        nodes: every rank's graph nodes, collectives paired (`reconstruct.merge_graph`).
+        steps, manifest, profile_dir, access, plan_tables: as `profile_evidence` takes them.
+    Raises:
+        UserError: as `profile_evidence`.
     """
     world = int(manifest["world_size"])
     device = manifest.get("device") or "cpu"
-    nodes = nodes.copy()
-    look = nodes["kind"].isin(LOOKUPS)
-    if look.any():
-        tables = (
-            plan_tables if plan_tables is not None else pd.DataFrame(columns=PLAN_TABLE_COLUMNS)
-        )
-        parts = lookup_parts_per_node(nodes[look], access, tables, world)
-        nodes.loc[look, "x"] = lookup_work_of(parts, nodes.loc[look, "kind"], device)
-        nodes.loc[look, ["ids", "unique", "bag_elems"]] = parts[["ids", "unique", "bag_elems"]]
     step_s = steps.groupby("step")["dur_s"].max()
     quiet = step_s.index[step_s <= step_s.median()]
-    nodes = nodes[nodes["step"].isin(quiet)]
-    calls = call_samples(nodes, world)
+    kept = [c for c in rank_samples if not c.empty]
+    calls = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame(columns=SAMPLE_COLUMNS)
+    calls = calls[calls["step"].isin(quiet)].reset_index(drop=True)
     if calls.empty:
         raise UserError(f"{profile_dir}: no sparse-path samples to calibrate on")
+    calls = with_transfer(calls, nodes[nodes["step"].isin(quiet)])
     if (
         access is not None
         and not access.empty
@@ -133,8 +205,11 @@ def profile_evidence(
         and not plan_tables.empty
     ):
         calls = with_plan_bytes(calls, dist_bytes(access, plan_tables, manifest))
-    dp = nodes[nodes["kind"] == "dp_allreduce"]
+    dp = nodes[(nodes["kind"] == "dp_allreduce") & nodes["step"].isin(quiet)]
+    if nodes["kind"].isin(LOOKUPS).any():  # the columns the lookups' parts add to every node
+        dp = dp.assign(unique=np.nan, bag_elems=np.nan)
     transform = samples_of(manifest, f"{profile_dir}/manifest.json")
+    recombine = recombine_samples_of(manifest, f"{profile_dir}/manifest.json")
     ev = ProfileEvidence(
         str(profile_dir),
         manifest,
@@ -145,6 +220,7 @@ def profile_evidence(
         dp,
         float(step_s.min()),
         transform=transform,
+        recombine=recombine,
     )
     steady = window_inflation(manifest, step_s)
     return ev if steady is None else scaled_to_steady(ev, *steady)
@@ -172,4 +248,5 @@ def scaled_to_steady(ev: ProfileEvidence, steady_s: float, inflation: float) -> 
         steady_step_s=steady_s,
         inflation=inflation,
         transform=ev.transform,
+        recombine=ev.recombine,
     )

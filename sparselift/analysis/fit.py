@@ -14,7 +14,8 @@ A calibration is fitted from one profile or several of the same job (`fit_eviden
 profile's samples are gathered first (`evidence.profile_evidence`), then every op kind is fitted
 on all of them together, and the dense step is the median of the profiles' own. Where profiles
 timed the split plans' batch transform, its fit over all their timings is `batch_transform`
-(`transform_fit`).
+(`transform_fit`); where they timed the split model's recombination, `recombine`
+(`recombine_fit`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from sparselift.analysis.evidence import ProfileEvidence
+from sparselift.analysis.recombine_fit import RECOMBINE, fit_recombine
 from sparselift.analysis.samples import LOOKUPS, lookup_work_of
 from sparselift.analysis.transform_fit import TRANSFORM, fit_transform
 from sparselift.analysis.unit_fit import MAX_REL_SE, refit_unit
@@ -257,6 +259,11 @@ def transform_fit_of(evidence: list[ProfileEvidence]) -> OpFit | None:
     return fit_transform([s for ev in evidence for s in ev.transform])
 
 
+def recombine_fit_of(evidence: list[ProfileEvidence]) -> OpFit | None:
+    """The recombination's fit over every profile's timings together; None without any."""
+    return fit_recombine([s for ev in evidence for s in ev.recombine])
+
+
 def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     """Fit one calibration on one or several profiles of the same job.
 
@@ -279,6 +286,9 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     tx = transform_fit_of(evidence)
     if tx is not None:
         ops[TRANSFORM] = tx
+    rc = recombine_fit_of(evidence)
+    if rc is not None:
+        ops[RECOMBINE] = rc
     dense = statistics.median(dense_of(ev, ops) for ev in evidence)
     provenance = Provenance(
         profile=first.profile,

@@ -7,8 +7,8 @@ kinds are fitted on every base-pipeline profile together (`fit.fit_evidence`), t
 distributions at 16 bits apart (`precision_fit`); a sparse-dist profile is paired with the base
 profile of the same plan for the pipeline's overlap (`pipeline_overlap`). Each base profile
 is then predicted by the fit on the others (leave-one-out): how far the calibration carries to a
-plan it did not see. The batch transform does not depend on the pipeline: it is fitted on every
-profile's timings, sparse-dist ones included.
+plan it did not see. The batch transform and the recombination do not depend on the pipeline:
+each is fitted on every profile's timings, sparse-dist ones included.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from collections.abc import Sequence
 
 from sparselift.analysis.compare import check_same_job
 from sparselift.analysis.evidence import ProfileEvidence
-from sparselift.analysis.fit import dense_of, fit_evidence, sparse_at_target, transform_fit_of
+from sparselift.analysis.fit import (
+    dense_of,
+    fit_evidence,
+    recombine_fit_of,
+    sparse_at_target,
+    transform_fit_of,
+)
 from sparselift.analysis.pipeline import Analysis
 from sparselift.analysis.pipeline_overlap import (
     SPARSE_DIST,
@@ -27,6 +33,7 @@ from sparselift.analysis.pipeline_overlap import (
     fit_pipeline_overlap,
 )
 from sparselift.analysis.precision_fit import QCOMM, at_precision, fit_qcomm, split_by_precision
+from sparselift.analysis.recombine_fit import RECOMBINE
 from sparselift.analysis.transform_fit import TRANSFORM
 from sparselift.calibration import UNITS, Calibration, HeldOut, OpFit
 from sparselift.errors import UserError
@@ -127,6 +134,9 @@ def fit_jointly(analyses: Sequence[Analysis], pipeline_overhead_s: float | None 
     tx = transform_fit_of([a.evidence for a in analyses])
     if tx is not None:
         cal.ops[TRANSFORM] = tx
+    rc = recombine_fit_of([a.evidence for a in analyses])
+    if rc is not None:
+        cal.ops[RECOMBINE] = rc
     if len(evidence) > 1:
         cal.held_out = [held_out(evidence, i) for i in range(len(evidence))]
     overlap = _pipeline(base, sd, pipeline_overhead_s) if sd else None

@@ -13,12 +13,12 @@ from typing import Any
 
 import pandas as pd
 
-from sparselift.analysis.evidence import ProfileEvidence, profile_evidence
+from sparselift.analysis.evidence import ProfileEvidence, gather_evidence
 from sparselift.analysis.fit import fit_evidence
 from sparselift.analysis.names import SPARSE_STAGES
-from sparselift.analysis.profile import load_profile
-from sparselift.analysis.reconstruct import build_graph
-from sparselift.analysis.summary import critical_path, summarize
+from sparselift.analysis.rankwork import RankedProfile, load_ranks
+from sparselift.analysis.reconstruct import merge_graph
+from sparselift.analysis.summary import pick_critical, with_imbalance
 from sparselift.atomic import file_in_the_way, parquet_bytes, write_bytes
 from sparselift.calibration import Calibration
 from sparselift.errors import UserError
@@ -65,11 +65,16 @@ def analyze(
 ) -> Analysis:
     """Parse, rebuild and calibrate the profile directory `path`.
 
+    Each rank's trace is parsed, and everything that needs only that rank made from it, in a
+    worker process (`rankwork.load_ranks`); this process merges those compact per-rank results
+    (`merge_ranks`), so it never holds a trace's events and what it does grows with the ranks'
+    nodes, not with their events. The result is the same whatever the number of workers.
+
     Args:
         path: a profile directory written by `sparselift profile` or `ProfileSession`.
         cache: read and write the per-rank parsed-trace cache (Parquet beside the traces).
         progress: called with one line per parsed trace, if given.
-        workers: processes that parse the rank traces (None: one per core, at most one per rank).
+        workers: processes for the per-rank work (None: one per core, at most one per rank).
         allow_missing_ranks: analyze the ranks whose traces are there (`profile.load_profile`);
             the calibration's manifest keeps the run's `missing_ranks`.
 
@@ -79,38 +84,67 @@ def analyze(
     Raises:
         UserError: the directory is not a complete profile, or a rank has no sparse-path events.
     """
-    prof = load_profile(
+    run = load_ranks(
         path,
         cache=cache,
         progress=progress,
         workers=workers,
         allow_missing_ranks=allow_missing_ranks,
     )
-    graph = build_graph(prof.traces, prof.plan_tables, prof.ranks)
-    sparse = graph.nodes["stage"].isin(SPARSE_STAGES)
-    for rank, tr in zip(prof.ranks, prof.traces, strict=True):
-        if not (sparse & (graph.nodes["rank"] == rank)).any():
+    return merge_ranks(run, path)
+
+
+def merge_ranks(run: RankedProfile, path: str | Path) -> Analysis:
+    """The Analysis of a profile's per-rank results (`rankwork.load_ranks`): what compares ranks
+    is computed here, on the ranks' compact frames (collective pairing and peer edges, imbalance,
+    the slowest rank per step, the quieter steps, the calls' transfer), then the calibration.
+
+    Args:
+        run: the checked profile with every rank's result, in rank order.
+        path: the profile directory as given (messages, provenance).
+    Raises:
+        UserError: a rank has no sparse-path events, or as `evidence.gather_evidence`; a rank
+            whose share its worker could not make raises its error here, the lowest rank first.
+    """
+    n = len(run.results)
+    shares = [run.share_of(i) for i in range(n)]  # rank order: the first failing rank raises
+    graph = merge_graph([s.graph for s in shares])
+    has_sparse = set(graph.nodes.loc[graph.nodes["stage"].isin(SPARSE_STAGES), "rank"].unique())
+    for r in run.results:
+        if r.rank not in has_sparse:
             raise UserError(
-                f"{tr.path}: no sparse-path events (no TorchRec input_dist / lookup / output_dist "
+                f"{r.path}: no sparse-path events (no TorchRec input_dist / lookup / output_dist "
                 f"annotations in the profiled steps)"
             )
-    summary = summarize(graph.nodes, graph.steps)
-    manifest = {**prof.manifest, "missing_ranks": prof.missing_ranks}
-    evidence = profile_evidence(
-        graph.nodes, graph.steps, manifest, str(path), prof.access_stats, prof.plan_tables
+    summary = with_imbalance(pd.concat([s.summary for s in shares], ignore_index=True))
+    manifest = {**run.files.manifest, "missing_ranks": missing_of(run)}
+    evidence = gather_evidence(
+        [run.calls_of(i) for i in range(n)],
+        graph.nodes,
+        graph.steps,
+        manifest,
+        str(path),
+        run.access_stats,
+        run.plan_tables,
     )
+    critical = pick_critical(pd.concat([s.critical for s in shares], ignore_index=True), summary)
     return Analysis(
         nodes=graph.nodes,
         edges=graph.edges,
         steps=graph.steps,
         summary=summary,
-        critical_path=critical_path(graph.nodes, summary),
+        critical_path=critical,
         calibration=fit_evidence([evidence]),
         unplaced=graph.unplaced,
-        manifest=prof.manifest,
-        access_stats=prof.access_stats,
+        manifest=run.files.manifest,
+        access_stats=run.access_stats,
         evidence=evidence,
     )
+
+
+def missing_of(run: RankedProfile) -> list[int]:
+    """The ranks of the run whose traces were left out (`allow_missing_ranks`)."""
+    return sorted(set(range(int(run.files.manifest["world_size"]))) - set(run.files.ranks))
 
 
 def check_output_dir(out: Path) -> None:

@@ -7,12 +7,8 @@ naming the file.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import resource
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,6 +16,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from sparselift.analysis import names
+from sparselift.analysis.pool import ParseStats, rss_mib, run_per_rank, worker_count
 from sparselift.analysis.reconstruct import rank_nodes
 from sparselift.analysis.trace import Trace, load_trace
 from sparselift.errors import UserError
@@ -136,61 +133,7 @@ def plan_tables(manifest: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["table", "module", "sharding_type", "rank", "rows", "cols"])
 
 
-@dataclass(frozen=True)
-class ParseStats:
-    """What parsing a profile's traces and making each rank's nodes (`_parse_one`) cost.
-
-    Attributes:
-        ranks: traces parsed (or read from the cache).
-        trace_mib: their total size on disk (MiB, compressed as stored).
-        wall_s: wall time from the first trace to the last.
-        workers: processes that parsed (1: in this process).
-        peak_rss_mib: this process's peak resident memory so far.
-        worker_peak_rss_mib: the largest peak of any worker process (None with one worker).
-    """
-
-    ranks: int
-    trace_mib: float
-    wall_s: float
-    workers: int
-    peak_rss_mib: float
-    worker_peak_rss_mib: float | None
-
-    def line(self) -> str:
-        """One line for the console."""
-        per = (
-            f", {self.worker_peak_rss_mib:.0f} MiB per worker"
-            if self.worker_peak_rss_mib is not None
-            else ""
-        )
-        return (
-            f"parsed {self.ranks} traces ({self.trace_mib:.1f} MiB) and made their nodes in "
-            f"{self.wall_s:.2f} s with "
-            f"{self.workers} worker{'s' if self.workers > 1 else ''}; peak RSS "
-            f"{self.peak_rss_mib:.0f} MiB here{per}"
-        )
-
-
-def worker_count(world: int, workers: int | None = None) -> int:
-    """Processes to parse `world` traces with: `workers`, else the cores.
-
-    Never more than `world`.
-
-    Raises:
-        UserError: `workers` below 1.
-    """
-    n = workers if workers is not None else os.cpu_count() or 1
-    if n < 1:
-        raise UserError(f"workers must be at least 1, got {n}")
-    return max(1, min(n, world))
-
-
-def _rss_mib() -> float:
-    """This process's peak resident memory so far, MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def _parse_one(path: Path, cache: bool, rank: int) -> tuple[Trace, float]:
+def _parse_one(path: Path, rank: int, cache: bool) -> tuple[Trace, float]:
     """In a worker (or here): one rank's trace (through the cache) with its `rank_nodes` made,
     so that rebuilding the graph is parallel too; and the process's peak RSS in MiB.
 
@@ -202,33 +145,7 @@ def _parse_one(path: Path, cache: bool, rank: int) -> tuple[Trace, float]:
         tr.rank_nodes = (rank, rank_nodes(tr, rank))
     except Exception:  # re-raised by build_graph, in the order one worker would raise it
         pass
-    return tr, _rss_mib()
-
-
-def _load_traces(
-    paths: list[Path], cache: bool, workers: int, ranks: list[int]
-) -> tuple[list[Trace], float | None]:
-    """Each path's Trace in order (rank `ranks[i]`), with its nodes, in `workers` processes (1:
-    here); and the workers' largest peak RSS (None with one).
-
-    A failing rank raises its error, the lowest rank's first; ranks not yet started are dropped.
-    """
-    if workers == 1:
-        return [_parse_one(p, cache, r)[0] for r, p in zip(ranks, paths, strict=True)], None
-    # fork: a worker starts with the trace module imported and needs no importable __main__
-    # (scripts and notebooks without a main guard); it only parses, so the threads a fork
-    # leaves behind are not missed
-    fork = "fork" in multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if fork else None)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_parse_one, p, cache, r) for r, p in zip(ranks, paths, strict=True)]
-        try:
-            done = [f.result() for f in futures]
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
-    return [t for t, _ in done], max(m for _, m in done)
+    return tr, rss_mib()
 
 
 def missing_ranks(d: Path, manifest: dict[str, Any]) -> list[int]:
@@ -243,31 +160,35 @@ def missing_ranks(d: Path, manifest: dict[str, Any]) -> list[int]:
     return sorted(listed | absent)
 
 
-def load_profile(
-    path: str | Path,
-    cache: bool = True,
-    progress: Callable[[str], None] | None = None,
-    workers: int | None = None,
-    allow_missing_ranks: bool = False,
-) -> Profile:
-    """Read and cross-check a profile directory, parsing the ranks' traces in parallel.
+@dataclass(frozen=True)
+class ProfileFiles:
+    """A profile directory's manifest and the rank traces to analyze, found before any is read.
 
-    Each rank's trace is parsed in a worker process (streamed, and cached beside it), and its
-    graph nodes made there too (`Trace.rank_nodes`), so this process holds the parsed rows, never
-    a decoded JSON document, and the per-rank work runs on every core; the result is the same
-    whatever the number of workers. Every rank's trace is found before any is parsed.
+    Attributes:
+        path: the directory.
+        manifest: manifest.json's object.
+        ranks: the ranks to analyze, in order.
+        paths: their traces.
+        sizes: the traces' sizes on disk, MiB.
+        workers: processes to read them with (`worker_count`).
+    """
 
-    Args:
-        path: the profile directory.
-        cache: read and write the parsed-trace cache beside the traces.
-        progress: called with one line per trace before it is parsed, and a last line with
-            `ParseStats.line`, if given.
-        workers: processes to parse with (`worker_count`: default the cores).
-        allow_missing_ranks: analyze the ranks whose traces are there, leaving out those the
-            manifest names missing or whose file is absent (at least one rank must remain).
+    path: Path
+    manifest: dict[str, Any]
+    ranks: list[int]
+    paths: list[Path]
+    sizes: list[float]
+    workers: int
+
+
+def open_profile(
+    path: str | Path, workers: int | None = None, allow_missing_ranks: bool = False
+) -> ProfileFiles:
+    """The profile directory's manifest and every rank's trace, found before any is parsed.
+
     Raises:
-        UserError: names the first bad file (missing, corrupt, from another rank or run), or
-            `workers` below 1; a missing rank's trace, unless allowed (naming the ranks).
+        UserError: not a directory or no valid manifest; a missing rank's trace, unless allowed
+            (naming the ranks); no rank left; `workers` below 1.
     """
     d = Path(path)
     if not d.is_dir():
@@ -290,41 +211,103 @@ def load_profile(
     n = worker_count(len(ranks), workers)
     paths = [trace_path(d, r, m) for r in ranks]
     sizes = [p.stat().st_size / 2**20 for p in paths]
+    return ProfileFiles(d, m, ranks, paths, sizes, n)
+
+
+def announce(files: ProfileFiles, progress: Callable[[str], None] | None) -> None:
+    """One progress line per trace, before any is parsed."""
     if progress is not None:
-        for i, (p, size) in enumerate(zip(paths, sizes, strict=True)):
-            progress(f"parsing trace {i + 1}/{len(ranks)}: {p.name} ({size:.1f} MiB)")
-    t0 = time.perf_counter()
-    traces, worker_rss = _load_traces(paths, cache, n, ranks)
-    stats = ParseStats(len(ranks), sum(sizes), time.perf_counter() - t0, n, _rss_mib(), worker_rss)
-    for r, p, tr in zip(ranks, paths, traces, strict=True):
-        if tr.rank is not None and tr.rank != r:
+        for i, (p, size) in enumerate(zip(files.paths, files.sizes, strict=True)):
+            progress(f"parsing trace {i + 1}/{len(files.ranks)}: {p.name} ({size:.1f} MiB)")
+
+
+def check_ranks(files: ProfileFiles, found: list[tuple[int | None, int | None]]) -> None:
+    """Each trace's own rank and world size (`found[i]`, from its distributedInfo; None where not
+    recorded) against the rank it stands for and the manifest's world size.
+
+    Raises:
+        UserError: the first trace, in rank order, from another rank or run.
+    """
+    world = files.manifest["world_size"]
+    for r, p, (rank, size) in zip(files.ranks, files.paths, found, strict=True):
+        if rank is not None and rank != r:
             raise UserError(
-                f"{p}: is rank {tr.rank}'s trace, expected rank {r} "
-                f"(files from different runs mixed?)"
+                f"{p}: is rank {rank}'s trace, expected rank {r} (files from different runs mixed?)"
             )
-        if tr.world_size is not None and tr.world_size != world:
+        if size is not None and size != world:
             raise UserError(
-                f"{p}: from a run with world size {tr.world_size}, manifest says {world} "
+                f"{p}: from a run with world size {size}, manifest says {world} "
                 f"(traces from different runs mixed)"
             )
-    check_same_run(traces, m)
-    access = None
-    sp = d / ((m.get("files") or {}).get("access_stats") or "access_stats.parquet")
-    if sp.is_file():
-        try:
-            access = pd.read_parquet(sp)
-        except Exception as e:  # any unreadable parquet is bad input, whatever pyarrow raises
-            raise UserError(f"{sp}: unreadable Parquet ({e.__class__.__name__})") from None
+
+
+def read_access(d: Path, manifest: dict[str, Any]) -> pd.DataFrame | None:
+    """The profile's access statistics (access_stats.parquet); None where it has none.
+
+    Raises:
+        UserError: the file is there but unreadable.
+    """
+    sp = d / ((manifest.get("files") or {}).get("access_stats") or "access_stats.parquet")
+    if not sp.is_file():
+        return None
+    try:
+        return pd.read_parquet(sp)
+    except Exception as e:  # any unreadable parquet is bad input, whatever pyarrow raises
+        raise UserError(f"{sp}: unreadable Parquet ({e.__class__.__name__})") from None
+
+
+def load_profile(
+    path: str | Path,
+    cache: bool = True,
+    progress: Callable[[str], None] | None = None,
+    workers: int | None = None,
+    allow_missing_ranks: bool = False,
+) -> Profile:
+    """Read and cross-check a profile directory, parsing the ranks' traces in parallel.
+
+    Each rank's trace is parsed in a worker process (streamed, and cached beside it), and its
+    graph nodes made there too (`Trace.rank_nodes`); this process then holds every rank's parsed
+    events, for callers that read them (`pipeline.analyze` holds only per-rank results:
+    `rankwork.load_ranks`). The result is the same whatever the number of workers. Every rank's
+    trace is found before any is parsed.
+
+    Args:
+        path: the profile directory.
+        cache: read and write the parsed-trace cache beside the traces.
+        progress: called with one line per trace before it is parsed, and a last line with
+            `ParseStats.line`, if given.
+        workers: processes to parse with (`worker_count`: default the cores).
+        allow_missing_ranks: analyze the ranks whose traces are there, leaving out those the
+            manifest names missing or whose file is absent (at least one rank must remain).
+    Raises:
+        UserError: names the first bad file (missing, corrupt, from another rank or run), or
+            `workers` below 1; a missing rank's trace, unless allowed (naming the ranks).
+    """
+    files = open_profile(path, workers, allow_missing_ranks)
+    announce(files, progress)
+    t0 = time.perf_counter()
+    traces, worker_rss = run_per_rank(_parse_one, files.paths, files.ranks, files.workers, cache)
+    stats = ParseStats(
+        len(files.ranks),
+        sum(files.sizes),
+        time.perf_counter() - t0,
+        files.workers,
+        rss_mib(),
+        worker_rss,
+    )
+    check_ranks(files, [(tr.rank, tr.world_size) for tr in traces])
+    check_same_run(traces, files.manifest)
+    access = read_access(files.path, files.manifest)
     if progress is not None:
         progress(stats.line())
     return Profile(
-        path=d,
-        manifest=m,
+        path=files.path,
+        manifest=files.manifest,
         traces=traces,
         access_stats=access,
-        plan_tables=plan_tables(m),
+        plan_tables=plan_tables(files.manifest),
         parse=stats,
-        ranks=ranks,
+        ranks=files.ranks,
     )
 
 
@@ -344,25 +327,47 @@ def step_span(tr: Trace) -> StepSpan:
 
 
 def check_same_run(traces: list[Trace], manifest: dict[str, Any]) -> None:
-    """Check that the traces come from one run: the manifest's steps, overlapping in time.
+    """Check that the traces come from one run (`check_spans` of their `step_span`s).
+
+    Raises:
+        UserError: as `check_spans`.
+    """
+    check_spans([(span_or_error(tr), tr.path) for tr in traces], manifest)
+
+
+def span_or_error(tr: Trace) -> StepSpan | UserError:
+    """`step_span(tr)`, or the UserError it raises (for `check_spans` to raise in rank order)."""
+    try:
+        return step_span(tr)
+    except UserError as e:
+        return e
+
+
+def check_spans(spans: list[tuple[StepSpan | UserError, str]], manifest: dict[str, Any]) -> None:
+    """Check that traces come from one run: the manifest's steps, overlapping in time.
 
     Ranks of one run profile the same steps at the same time (they meet in collectives).
 
+    Args:
+        spans: each trace's `step_span` (or the error it raised) and path, in rank order.
+        manifest: the profile's manifest.
     Raises:
-        UserError: a trace holds other steps, or its steps do not overlap the first rank's.
+        UserError: the first trace without steps or holding other steps than the manifest
+            profiled; else the first whose steps do not overlap the first rank's.
     """
     want = manifest.get("profiled_steps")
-    spans = []
-    for tr in traces:
-        span = step_span(tr)
+    checked: list[tuple[StepSpan, str]] = []
+    for span, p in spans:
+        if isinstance(span, UserError):
+            raise span
         if want and span.steps != sorted(want):
             raise UserError(
-                f"{tr.path}: holds steps {span.steps}, manifest profiled {sorted(want)} "
+                f"{p}: holds steps {span.steps}, manifest profiled {sorted(want)} "
                 f"(trace from a different run)"
             )
-        spans.append((span, tr.path))
-    first, first_path = spans[0]
-    for span, p in spans[1:]:
+        checked.append((span, p))
+    first, first_path = checked[0]
+    for span, p in checked[1:]:
         if span.start_us > first.end_us or span.end_us < first.start_us:
             raise UserError(
                 f"{p}: its steps do not overlap in time with {first_path}'s "

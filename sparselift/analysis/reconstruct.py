@@ -6,6 +6,10 @@ is in flight are exposed communication. Collectives themselves (gloo worker thre
 on streams) are separate network nodes, paired with the main-thread op that launched them and,
 across ranks, by their order within the step (`collectives`). So a step's main-thread nodes tile
 its measured time exactly, and what could not be placed is counted rather than silently dropped.
+
+A rank's nodes and the edges within it need only its own trace (`rank_nodes`, `rank_graph`), so
+they are made where the trace is parsed; `merge_graph` then joins the ranks' shares, pairing
+collectives across ranks on the nodes' columns.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import pandas as pd
 
 from sparselift.analysis import names
 from sparselift.analysis.collectives import launched_collectives, pair_collectives
-from sparselift.analysis.edges import build_edges
+from sparselift.analysis.edges import edge_frame, peer_edges, rank_edges
+from sparselift.analysis.node_rows import fill_modules, kind_of, main_rows, merge_same, none_of
 from sparselift.analysis.stack import (
     annotate_stack,
     lookup_ids,
@@ -83,18 +88,24 @@ class RankNodes:
     unplaced: list[str] = field(default_factory=list)
 
 
-def kind_of(stage: str | None, phase: str) -> str:
-    """Contract op kinds: input_dist, lookup_fwd/bwd, output_dist_fwd/bwd, dense_<phase>."""
-    if stage == "input_dist":
-        return "input_dist"
-    if stage in ("lookup", "output_dist"):
-        return f"{stage}_{'bwd' if phase == 'bwd' else 'fwd'}"
-    return f"dense_{phase}"
+@dataclass
+class RankGraph:
+    """One rank's share of the graph, made where the rank is analyzed (`rank_graph`).
 
+    Attributes:
+        rank: the rank.
+        nodes: NODE_COLUMNS with tables and x, sorted by step and start and numbered from 0;
+            transfer_s and skew_s NaN until collectives are paired across ranks (`merge_graph`).
+        edges: the edges within the rank (`edges.rank_edges`), numbered like `nodes`.
+        steps: its measured steps (rank, step, start_us, end_us, dur_s).
+        unplaced: what it could not place.
+    """
 
-def _none(v: Any) -> Any:
-    """pandas NaN/NA → None, so labels compare and group cleanly."""
-    return None if v is None or (not isinstance(v, str) and pd.isna(v)) else v
+    rank: int
+    nodes: pd.DataFrame
+    edges: pd.DataFrame
+    steps: pd.DataFrame
+    unplaced: list[str] = field(default_factory=list)
 
 
 def rank_nodes(tr: Trace, rank: int) -> RankNodes:
@@ -117,35 +128,39 @@ def rank_nodes(tr: Trace, rank: int) -> RankNodes:
     main["ids"] = lookup_ids(main)
     launched = launched_collectives(tr, main, thread)
     coll, problems = launched.events, launched.unplaced
+    launch = coll["launch"].tolist()
+    context = iter(main[CONTEXT].iloc[[i for i in launch if i >= 0]].to_numpy(dtype=object))
     coll_ctx = [
-        [_none(v) for v in main.loc[i, CONTEXT]] if i >= 0 else [None, "other", None, None]
-        for i in coll["launch"]
+        [none_of(v) for v in next(context)] if i >= 0 else [None, "other", None, None]
+        for i in launch
     ]
     coll[CONTEXT] = pd.DataFrame(coll_ctx, index=coll.index, columns=CONTEXT)
     coll["kind"] = [
-        kind_of(s, p) if _none(s) else ("dp_allreduce" if op == "all_reduce" else "dense_comm")
+        kind_of(s, p) if none_of(s) else ("dp_allreduce" if op == "all_reduce" else "dense_comm")
         for s, p, op in zip(coll["stage"], coll["phase"], coll["op"], strict=True)
     ]
+    main_ts = main["ts"].to_numpy()
     coll["launch_ts"] = [
-        main.at[i, "ts"] if i >= 0 else t for i, t in zip(coll["launch"], coll["ts"], strict=True)
+        main_ts[i] if i >= 0 else t for i, t in zip(launch, coll["ts"], strict=True)
     ]
     # (name, cat, stage, phase, module, sharding) per main-thread event, read once: per-cell
     # DataFrame access in the per-segment loop below is what made reconstruction slow
     labels = list(zip(*(main[c].tolist() for c in ("name", "cat", *CONTEXT)), strict=True))
     rows = []
+    own: dict[Any, tuple[bool, tuple[Any, ...]]] = {}
     for st in steps.itertuples():
         segs = self_segments(main, st.start_us, st.end_us)
         in_step = (coll["launch_ts"] >= st.start_us) & (coll["launch_ts"] < st.end_us)
         c = coll[in_step].sort_values("launch_ts")
         thread_name = f"{thread.pid}/{thread.tid}"
-        rows += _main_rows(labels, segs, c, rank, st.step, thread_name, tr.is_cuda)
+        rows += main_rows(labels, segs, c, rank, st.step, thread_name, tr.is_cuda, own)
         for k, r in enumerate(c.itertuples()):
             rows.append(
                 dict(
                     rank=rank,
                     step=st.step,
                     kind=r.kind,
-                    stage=_none(r.stage) or "dense",
+                    stage=none_of(r.stage) or "dense",
                     phase=r.phase,
                     module=r.module,
                     sharding=r.sharding,
@@ -188,139 +203,53 @@ def rank_nodes(tr: Trace, rank: int) -> RankNodes:
     return RankNodes(nodes, steps.assign(rank=rank), problems)
 
 
-def merge_same(nodes: pd.DataFrame) -> pd.DataFrame:
-    """One main-thread node per (step, kind, module, sharding, part); collectives stay one each.
+def rank_graph(made: RankNodes, rank: int, plan_tables: pd.DataFrame | None) -> RankGraph:
+    """One rank's share of the graph from its nodes (`rank_nodes`): tables and x attached, sorted
+    by step and start, numbered from 0, with the edges within the rank.
 
-    A merged node spans its pieces' first start to last end and sums their durations, ids and
-    bytes.
+    Args:
+        made: the rank's nodes, steps and unplaced events (not modified).
+        rank: its rank.
+        plan_tables: the plan in force (`attach_tables`).
     """
-    coll = nodes[nodes["part"] == "collective"]
-    m = nodes[nodes["part"] != "collective"]
-    keys = [
-        "rank",
-        "step",
-        "kind",
-        "stage",
-        "phase",
-        "module",
-        "sharding",
-        "part",
-        "resource",
-        "thread",
-    ]
-    g = (
-        m.groupby(keys, dropna=False, sort=False)
-        .agg(
-            start_us=("start_us", "min"),
-            end_us=("end_us", "max"),
-            dur_s=("dur_s", "sum"),
-            ids=("ids", "sum"),
-            bytes=("bytes", "sum"),
-        )
-        .reset_index()
-    )
-    g["coll_key"], g["coll_op"] = None, None
-    return pd.concat([g, coll], ignore_index=True)
+    nodes = attach_tables(made.nodes.copy(), plan_tables)
+    nodes = nodes.sort_values(["rank", "step", "start_us"], kind="stable").reset_index(drop=True)
+    nodes["node_id"] = np.arange(len(nodes))
+    nodes["transfer_s"] = np.nan
+    nodes["skew_s"] = np.nan
+    for c in NODE_COLUMNS:
+        if c not in nodes:
+            nodes[c] = None
+    nodes = nodes[NODE_COLUMNS]
+    src, dst, kinds = rank_edges(nodes)
+    return RankGraph(rank, nodes, edge_frame(src, dst, kinds), made.steps, list(made.unplaced))
 
 
-def fill_modules(nodes: pd.DataFrame) -> pd.DataFrame:
-    """Give sparse nodes whose stack named no module (input-dist awaitables) one, in place.
+def merge_graph(parts: list[RankGraph]) -> Graph:
+    """The ranks' shares (in rank order) as one Graph: nodes renumbered in rank order, the edges
+    within ranks renumbered alike, collectives paired across ranks (`pair_collectives`) and their
+    `peer` edges added (`peer_edges`).
 
-    They take the step's only module, and its input_dist's only sharding type, when there is one;
-    else `*` (they serve every module or sharding type). Returns `nodes`.
+    Only compact per-rank results are merged here: no trace event is needed.
     """
-    sparse = nodes["stage"].isin(names.SPARSE_STAGES)
-    for (step,), g in nodes[sparse].groupby(["step"]):
-        known = g[g["module"].notna()]
-        mods = known["module"].unique()
-        shs = known[known["stage"] == "input_dist"]["sharding"].dropna().unique()
-        if len(mods) == 0:
-            continue
-        miss = sparse & (nodes["step"] == step) & nodes["module"].isna()
-        nodes.loc[miss, "module"] = mods[0] if len(mods) == 1 else "*"
-        miss_sh = sparse & (nodes["step"] == step) & nodes["sharding"].isna()
-        nodes.loc[miss_sh, "sharding"] = shs[0] if len(shs) == 1 else "*"
-    return nodes
-
-
-def _main_rows(
-    labels: list[tuple[Any, ...]],
-    segs: pd.DataFrame,
-    coll: pd.DataFrame,
-    rank: int,
-    step: int,
-    thread: str,
-    cuda: bool = False,
-) -> list[dict[str, Any]]:
-    """Label each self-time segment, split at collective boundaries, then sum per label.
-
-    `labels[i]` is main-thread event i's (name, cat, stage, phase, module, sharding).
-
-    On CPU (gloo) the Python thread blocks inside annotations and c10d ops while a collective runs;
-    on CUDA it runs ahead of the device and only waits in explicit waits / synchronizations.
-    """
-    cuts = (
-        np.unique(np.concatenate([coll["ts"].values, coll["end"].values]))
-        if len(coll)
-        else np.array([])
+    offsets = np.cumsum([0, *(len(p.nodes) for p in parts)])
+    nodes = pd.concat([p.nodes for p in parts], ignore_index=True)
+    nodes["node_id"] = np.arange(len(nodes))
+    steps = pd.concat([p.steps for p in parts], ignore_index=True)
+    problems = [u for p in parts for u in p.unplaced]
+    problems += pair_collectives(nodes)
+    p_src, p_dst = peer_edges(nodes)
+    own = [p.edges for p in parts]
+    edges = edge_frame(
+        np.concatenate(
+            [e["src"].to_numpy(np.int64) + o for e, o in zip(own, offsets, strict=False)] + [p_src]
+        ),
+        np.concatenate(
+            [e["dst"].to_numpy(np.int64) + o for e, o in zip(own, offsets, strict=False)] + [p_dst]
+        ),
+        [k for e in own for k in e["kind"].tolist()] + ["peer"] * len(p_src),
     )
-    acc: dict[tuple[Any, ...], dict[str, float]] = {}
-    cstart, cend = coll["ts"].values, coll["end"].values
-    wait_keys = list(
-        zip(
-            *(coll[c].tolist() for c in ("kind", "stage", "phase", "module", "sharding")),
-            strict=True,
-        )
-    )
-    for a, b, i in zip(segs["start"], segs["end"], segs["event"], strict=True):
-        inner = cuts[(cuts > a) & (cuts < b)]
-        bounds = [a, *inner, b]
-        if i >= 0:
-            name, cat, *context = labels[i]
-            stage, phase, mod, sh = (_none(v) for v in context)
-            waitable = bool(names.WAIT.search(name)) or (
-                not cuda and (cat == "user_annotation" or bool(names.C10D.search(name)))
-            )
-        else:
-            stage, phase, mod, sh, waitable = None, "other", None, None, not cuda
-        for x, y in zip(bounds, bounds[1:], strict=False):
-            mid = (x + y) / 2
-            flying = np.nonzero((cstart <= mid) & (cend > mid))[0]
-            if waitable and len(flying):
-                c_kind, c_stage, c_phase, c_mod, c_sh = wait_keys[flying[0]]
-                key = (c_kind, c_stage or "dense", c_phase, c_mod, c_sh, "wait", "network")
-            elif i < 0:
-                key = ("idle", "idle", "other", None, None, "idle", "idle")
-            elif stage is not None:
-                res = "compute" if stage == "lookup" else "memory"
-                key = (kind_of(stage, phase), stage, phase, mod, sh, "compute", res)
-            else:
-                key = (kind_of(None, phase), "dense", phase, None, None, "compute", "compute")
-            r = acc.setdefault(key, dict(start_us=x, end_us=y, dur_s=0.0))
-            r["start_us"], r["end_us"] = min(r["start_us"], x), max(r["end_us"], y)
-            r["dur_s"] += (y - x) * 1e-6
-    rows = []
-    for (kind, stage, phase, mod, sh, part, res), r in acc.items():
-        rows.append(
-            dict(
-                rank=rank,
-                step=step,
-                kind=kind,
-                stage=stage,
-                phase=phase,
-                module=mod,
-                sharding=sh,
-                part=part,
-                resource=res,
-                thread=thread,
-                ids=0,
-                bytes=0,
-                coll_key=None,
-                coll_op=None,
-                **r,
-            )
-        )
-    return rows
+    return Graph(nodes=nodes, edges=edges, steps=steps, unplaced=problems)
 
 
 def build_graph(
@@ -337,24 +266,12 @@ def build_graph(
     Returns:
         The Graph, nodes sorted by rank, step and start, numbered by `node_id`.
     """
-    all_nodes, all_steps, problems = [], [], []
+    parts = []
     for r, tr in zip(ranks if ranks is not None else range(len(traces)), traces, strict=True):
         made = tr.rank_nodes
         one: RankNodes = made[1] if made is not None and made[0] == r else rank_nodes(tr, r)
-        all_nodes.append(one.nodes)
-        all_steps.append(one.steps)
-        problems.extend(one.unplaced)
-    nodes = pd.concat(all_nodes, ignore_index=True)
-    steps = pd.concat(all_steps, ignore_index=True)
-    problems += pair_collectives(nodes)
-    nodes = attach_tables(nodes, plan_tables)
-    nodes = nodes.sort_values(["rank", "step", "start_us"], kind="stable").reset_index(drop=True)
-    nodes["node_id"] = np.arange(len(nodes))
-    for c in NODE_COLUMNS:
-        if c not in nodes:
-            nodes[c] = None
-    nodes = nodes[NODE_COLUMNS]
-    return Graph(nodes=nodes, edges=build_edges(nodes), steps=steps, unplaced=problems)
+        parts.append(rank_graph(one, r, plan_tables))
+    return merge_graph(parts)
 
 
 def attach_tables(nodes: pd.DataFrame, plan_tables: pd.DataFrame | None) -> pd.DataFrame:

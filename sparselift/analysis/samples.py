@@ -9,9 +9,13 @@ model counts them, so that a fitted per-unit cost means the same thing in both p
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
+from sparselift.analysis.ordered import group_codes, ordered_sums
 from sparselift.kernels import KERNEL_UNIT, LookupUnit, expected_unique, lookup_work
 
 LOOKUPS = ("lookup_fwd", "lookup_bwd")
@@ -58,6 +62,47 @@ def sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
 LOOKUP_PARTS = ["ids", "unique", "bag_elems", "dim"]
 
 
+@dataclass(frozen=True)
+class LookupContext:
+    """What sizing lookup nodes (`lookup_parts`) needs of a profile's access statistics and plan,
+    reduced to a few values per table and per (table, rank), so that it travels to every rank's
+    worker instead of the statistics themselves.
+
+    Attributes:
+        ids_per_rank: (table, rank) → mean ids a step.
+        ids_per_table: table → the ranks' ids_per_rank added up.
+        meta: table → (num_embeddings, embedding_dim, zipf_alpha, batch_size), as recorded.
+        shard: (table, rank) → (sharding_type, rows, cols) of the rank's shards of the table.
+    """
+
+    ids_per_rank: dict[tuple[Any, Any], float]
+    ids_per_table: dict[Any, float]
+    meta: dict[Any, tuple[Any, Any, Any, Any]]
+    shard: dict[tuple[Any, Any], tuple[Any, Any, Any]]
+
+
+def lookup_context(access: pd.DataFrame | None, plan_tables: pd.DataFrame) -> LookupContext | None:
+    """The `LookupContext` of a profile's access statistics and plan; None without statistics."""
+    if access is None or access.empty:
+        return None
+    ids_per_rank = access.groupby(["table", "rank"])["ids"].mean()
+    ids_per_table = ids_per_rank.groupby("table").sum()
+    meta = access.groupby("table")[
+        ["num_embeddings", "embedding_dim", "zipf_alpha", "batch_size"]
+    ].first()
+    shard = plan_tables.groupby(["table", "rank"]).agg(
+        sharding_type=("sharding_type", "first"), rows=("rows", "sum"), cols=("cols", "sum")
+    )
+    return LookupContext(
+        ids_per_rank=dict(ids_per_rank.items()),
+        ids_per_table=dict(ids_per_table.items()),
+        meta={t: tuple(v) for t, v in zip(meta.index, meta.itertuples(index=False), strict=True)},
+        shard={
+            k: tuple(v) for k, v in zip(shard.index, shard.itertuples(index=False), strict=True)
+        },
+    )
+
+
 def lookup_parts_per_node(
     nodes: pd.DataFrame,
     access: pd.DataFrame | None,
@@ -80,39 +125,34 @@ def lookup_parts_per_node(
     Returns:
         LOOKUP_PARTS columns, indexed like the lookup nodes of `nodes`.
     """
+    return lookup_parts(nodes, lookup_context(access, plan_tables), world_size)
+
+
+def lookup_parts(nodes: pd.DataFrame, ctx: LookupContext | None, world_size: int) -> pd.DataFrame:
+    """`lookup_parts_per_node` from the statistics' `LookupContext` (None: ids and width alone);
+    a node's parts depend on its own rank and tables only, so each rank's are made on its own."""
     look = nodes[nodes["kind"].isin(LOOKUPS)]
     ids_col, x_col = look["ids"].fillna(0).astype(float), look["x"].fillna(0).astype(float)
     dims = x_col / ids_col.clip(lower=1)
-    if access is None or access.empty:
+    if ctx is None:
         return pd.DataFrame(
             {"ids": ids_col, "unique": 0.0, "bag_elems": 0.0, "dim": dims}, index=look.index
         )
-    ids_per_rank = access.groupby(["table", "rank"])["ids"].mean()
-    ids_per_table = ids_per_rank.groupby("table").sum()
-    meta = access.groupby("table")[
-        ["num_embeddings", "embedding_dim", "zipf_alpha", "batch_size"]
-    ].first()
-    shard = plan_tables.groupby(["table", "rank"]).agg(
-        sharding_type=("sharding_type", "first"), rows=("rows", "sum"), cols=("cols", "sum")
-    )
     rows_out = []
     for rank, tables in zip(look["rank"], look["tables"].fillna(""), strict=True):
         unique = bag_elems = 0.0
         for t in filter(None, str(tables).split(",")):
-            if t not in meta.index:
+            if t not in ctx.meta:
                 continue
-            n, alpha = int(meta.at[t, "num_embeddings"]), float(meta.at[t, "zipf_alpha"] or 0.0)
-            st, rows, cols = (
-                shard.loc[(t, rank)]
-                if (t, rank) in shard.index
-                else ("table_wise", n, meta.at[t, "embedding_dim"])
-            )
-            bags = float(meta.at[t, "batch_size"]) * (1 if st == "data_parallel" else world_size)
+            num, dim, zipf, batch = ctx.meta[t]
+            n, alpha = int(num), float(zipf or 0.0)
+            st, rows, cols = ctx.shard.get((t, rank), ("table_wise", n, dim))
+            bags = float(batch) * (1 if st == "data_parallel" else world_size)
             bag_elems += bags * float(cols)
             if st == "data_parallel":
-                unique += expected_unique(n, alpha, float(ids_per_rank.get((t, rank), 0.0)))
+                unique += expected_unique(n, alpha, float(ctx.ids_per_rank.get((t, rank), 0.0)))
             else:
-                unique += expected_unique(n, alpha, float(ids_per_table.get(t, 0.0))) * min(
+                unique += expected_unique(n, alpha, float(ctx.ids_per_table.get(t, 0.0))) * min(
                     1.0, float(rows) / n
                 )
         rows_out.append((unique, bag_elems))
@@ -149,59 +189,117 @@ def lookup_work_of(
     )
 
 
-def call_samples(nodes: pd.DataFrame, world_size: int) -> pd.DataFrame:
+def call_samples(nodes: pd.DataFrame, world_size: int, transfer: bool = True) -> pd.DataFrame:
     """One sample per call: (rank, step, kind, group) with the call's x and exposed time y.
 
     Lookups: y = the group's TBE compute, x = its work units (the nodes' `x`). Distributions: y =
     compute + wait on the main thread, x = bytes its collectives send (`sent_bytes`). Module-wide
-    work outside any group (sharding "*") is spread evenly over the step's groups.
+    work outside any group (sharding "*") is spread evenly over the step's groups. A sample needs
+    only its own rank's nodes, but for `transfer`, which pairs collectives across ranks: so each
+    rank's samples can be made apart (`transfer=False`) and given it once the ranks are merged
+    (`with_transfer`).
 
     Args:
         nodes: graph nodes (`reconstruct.NODE_COLUMNS`), lookups' `x` in work units.
         world_size: ranks profiled.
+        transfer: fill `transfer` from the nodes' `transfer_s` (False: NaN).
     Returns:
-        SAMPLE_COLUMNS: also `wait` (main-thread wait), `transfer` (the collectives' transfer time,
-        for the overlap share), `calls` (groups of that kind in the step) and, for lookups, the
-        parts of x (`ids`, `unique`, `bag_elems`: 0 where the nodes do not carry them).
+        SAMPLE_COLUMNS, sorted by rank, step and kind, groups in the order the nodes name them:
+        also `wait` (main-thread wait), `transfer` (the collectives' transfer time, for the
+        overlap share), `calls` (groups of that kind in the step) and, for lookups, the parts of
+        x (`ids`, `unique`, `bag_elems`: 0 where the nodes do not carry them). Sums add the nodes
+        in node order, as `Series.sum` does.
     """
-    n = nodes[nodes["kind"].isin((*LOOKUPS, *DIST))].copy()
-    n["sharding"] = n["sharding"].fillna("*")
-    n["sent"] = 0.0
-    coll = n["part"] == "collective"
-    n.loc[coll, "sent"] = sent_bytes(n[coll], world_size)
-    rows = []
-    for (rank, step, kind), g in n.groupby(["rank", "step", "kind"]):
-        main = g[g["part"] != "collective"]
-        shared = main[main["sharding"] == "*"]["dur_s"].sum()
-        groups = [s for s in g["sharding"].unique() if s != "*"] or ["*"]
-        for sh in groups:
-            s = g[g["sharding"] == sh]
-            m = s[s["part"] != "collective"]
-            c = s[s["part"] == "collective"]
-            y = m["dur_s"].sum() + (shared / len(groups) if sh != "*" else 0.0)
-            look = kind.startswith("lookup")
-            x = m["x"].sum() if look else c["sent"].sum()
+    n = nodes[nodes["kind"].isin((*LOOKUPS, *DIST))]
+    rows: list[dict[str, Any]] = []
+    if not n.empty:
+        coll = (n["part"] == "collective").to_numpy()
+        sent = np.zeros(len(n))
+        sent[coll] = sent_bytes(n[coll], world_size).to_numpy(dtype=float)
+        codes, _ = group_codes(n, ["rank", "step", "kind"])
+        order = np.argsort(codes, kind="stable")
+        col = {c: n[c].to_numpy(dtype=object)[order].tolist() for c in ("rank", "step", "kind")}
+        shard = n["sharding"].fillna("*").to_numpy(dtype=object)[order].tolist()
+        part = n["part"].to_numpy(dtype=object)[order].tolist()
+        # NaN counts as 0, as `Series.sum` skips it
+        num = {"dur_s": n["dur_s"].fillna(0), "x": n["x"].fillna(0), "sent": sent}
+        parts = [c for c in ("ids", "unique", "bag_elems") if c in n]
+        num.update({c: n[c].fillna(0) for c in parts})
+        val = {c: np.asarray(v, dtype=np.float64)[order] for c, v in num.items()}
+        bounds = np.flatnonzero(np.diff(codes[order])) + 1
+        for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)], strict=True):
+            rows += _samples_of(range(a, b), col, shard, part, val, parts)
+    out = pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
+    return with_transfer(out, nodes) if transfer else out
 
-            def part(col: str, m: pd.DataFrame = m, look: bool = look) -> float:
-                return float(m[col].fillna(0).sum()) if look and col in m else 0.0
 
-            rows.append(
-                dict(
-                    rank=rank,
-                    step=step,
-                    kind=kind,
-                    group=sh,
-                    x=float(x),
-                    y=float(y),
-                    wait=float(m[m["part"] == "wait"]["dur_s"].sum()),
-                    transfer=float(c["transfer_s"].fillna(c["dur_s"]).sum()),
-                    calls=len(groups),
-                    ids=part("ids"),
-                    unique=part("unique"),
-                    bag_elems=part("bag_elems"),
-                )
+def _samples_of(
+    span: range,
+    col: dict[str, list[Any]],
+    shard: list[Any],
+    part: list[Any],
+    val: dict[str, np.ndarray],
+    parts: list[str],
+) -> list[dict[str, Any]]:
+    """The samples of one (rank, step, kind): rows `span` of the sorted columns."""
+    rank, step, kind = col["rank"][span[0]], col["step"][span[0]], col["kind"][span[0]]
+    look = kind.startswith("lookup")
+    main = [i for i in span if part[i] != "collective"]
+    shared = _sum(val["dur_s"], [i for i in main if shard[i] == "*"])
+    groups = list(dict.fromkeys(shard[i] for i in span if shard[i] != "*")) or ["*"]
+    out = []
+    for sh in groups:
+        m = [i for i in main if shard[i] == sh]
+        c = [i for i in span if shard[i] == sh and part[i] == "collective"]
+        y = _sum(val["dur_s"], m) + (shared / len(groups) if sh != "*" else 0.0)
+        x = _sum(val["x"], m) if look else _sum(val["sent"], c)
+        wait = _sum(val["dur_s"], [i for i in m if part[i] == "wait"])
+        pieces = {p: _sum(val[p], m) if look and p in parts else 0.0 for p in LOOKUP_PARTS[:3]}
+        out.append(
+            dict(
+                rank=rank,
+                step=step,
+                kind=kind,
+                group=sh,
+                x=x,
+                y=y,
+                wait=wait,
+                transfer=np.nan,
+                calls=len(groups),
+                **pieces,
             )
-    return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
+        )
+    return out
+
+
+def _sum(values: np.ndarray, rows: list[int]) -> float:
+    """values[rows] added up as `Series.sum` adds them (numpy's pairwise sum, in order)."""
+    return float(values[rows].sum()) if rows else 0.0
+
+
+def with_transfer(calls: pd.DataFrame, nodes: pd.DataFrame) -> pd.DataFrame:
+    """`calls` with `transfer`: per call, its collectives' `transfer_s` (`dur_s` where unpaired)
+    added up in node order.
+
+    Args:
+        calls: `call_samples` of some of `nodes`' ranks and steps.
+        nodes: graph nodes whose collectives are paired (`collectives.pair_collectives`).
+    Returns:
+        A copy of `calls`; 0 for a call without collectives.
+    """
+    keys = ["rank", "step", "kind", "group"]
+    c = nodes[(nodes["part"] == "collective") & nodes["kind"].isin((*LOOKUPS, *DIST))]
+    out = calls.copy()
+    if out.empty:
+        return out
+    at = pd.MultiIndex.from_frame(out[keys]).get_indexer(
+        pd.MultiIndex.from_arrays(
+            [c["rank"], c["step"], c["kind"], c["sharding"].fillna("*")], names=keys
+        )
+    )
+    value = c["transfer_s"].fillna(c["dur_s"]).to_numpy(dtype=np.float64)
+    out["transfer"] = ordered_sums(value, at, len(out))
+    return out
 
 
 def with_plan_bytes(calls: pd.DataFrame, plan_bytes: pd.DataFrame) -> pd.DataFrame:

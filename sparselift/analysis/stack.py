@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
 import pandas as pd
 
 from sparselift.analysis import names
@@ -69,27 +70,31 @@ def annotate_stack(main: pd.DataFrame) -> pd.DataFrame:
     depth: list[int] = []
     fwd_ctx: dict[int, tuple[Any, ...]] = {}  # autograd sequence number → forward context
     stack: list[tuple[float, _Context]] = []
+    seen: dict[str, _NameFacts] = {}
     for name, ts, end, seq in zip(main["name"], main["ts"], main["end"], main["seq"], strict=True):
+        facts = seen.get(name)
+        if facts is None:
+            facts = seen[name] = _name_facts(name)
+        is_bwd, is_fwd, own_stage, permute, tagged = facts
         while stack and stack[-1][0] <= ts:
             stack.pop()
         p_stage, p_phase, p_mod, p_sh = stack[-1][1] if stack else (None, "other", None, None)
         ph = p_phase
-        if ph != "bwd" and names.BACKWARD.search(name):
+        if ph != "bwd" and is_bwd:
             ph = "bwd"
-        elif ph == "other" and (names.FORWARD_BLOCK.search(name) or names.stage_of(name)):
+        elif ph == "other" and (is_fwd or own_stage):
             ph = "fwd"
         st, mod, sh = p_stage, p_mod, p_sh
         if st is None:
-            st = names.stage_of(name)
-            if st is None and ph == "fwd" and names.INPUT_PERMUTE.search(name):
+            st = own_stage
+            if st is None and ph == "fwd" and permute:
                 st = "input_dist"
             if ph == "bwd" and seq is not pd.NA and seq is not None and int(seq) in fwd_ctx:
                 st, mod, sh = (
                     fwd_ctx[int(seq)] if st is None or mod is None else (st, *fwd_ctx[int(seq)][1:])
                 )
-        m = names.TAGGED.match(name)
-        if m and mod is None:
-            mod, sh = m.group("module"), m.group("sharding")
+        if tagged is not None and mod is None:
+            mod, sh = tagged
         if ph == "fwd" and st is not None and seq is not pd.NA and seq is not None:
             fwd_ctx.setdefault(int(seq), (st, mod, sh))
         stage.append(st)
@@ -105,6 +110,27 @@ def annotate_stack(main: pd.DataFrame) -> pd.DataFrame:
     out["sharding"] = sharding
     out["depth"] = depth
     return out
+
+
+class _NameFacts(NamedTuple):
+    """What an event's name alone says (`annotate_stack` reads it once per distinct name)."""
+
+    backward: bool
+    forward_block: bool
+    stage: str | None
+    input_permute: bool
+    tagged: tuple[Any, Any] | None  # (module, sharding) of a tagged annotation
+
+
+def _name_facts(name: str) -> _NameFacts:
+    m = names.TAGGED.match(name)
+    return _NameFacts(
+        bool(names.BACKWARD.search(name)),
+        bool(names.FORWARD_BLOCK.search(name)),
+        names.stage_of(name),
+        bool(names.INPUT_PERMUTE.search(name)),
+        (m.group("module"), m.group("sharding")) if m else None,
+    )
 
 
 def self_segments(main: pd.DataFrame, t0: float, t1: float) -> pd.DataFrame:
@@ -128,8 +154,13 @@ def self_segments(main: pd.DataFrame, t0: float, t1: float) -> pd.DataFrame:
             seg_e.append(b)
             seg_i.append(i)
 
-    w = main[(main["ts"] < t1) & (main["end"] > t0)]
-    for i, ts, end in zip(w.index, w["ts"].clip(lower=t0), w["end"].clip(upper=t1), strict=True):
+    # the window's events from the columns' arrays: a step reads its own events, not a copy of
+    # every column of them
+    starts, ends = main["ts"].to_numpy(dtype=np.float64), main["end"].to_numpy(dtype=np.float64)
+    sel = np.flatnonzero((starts < t1) & (ends > t0))
+    idx = main.index.to_numpy()[sel].tolist()
+    clipped = np.maximum(starts[sel], t0).tolist(), np.minimum(ends[sel], t1).tolist()
+    for i, ts, end in zip(idx, *clipped, strict=True):
         while stack and stack[-1][0] <= ts:
             e, j = stack.pop()
             emit(cur, e, j)

@@ -1,11 +1,18 @@
-"""Per rank and step: where the time went, how unbalanced ranks are, the sparse critical path."""
+"""Per rank and step: where the time went, how unbalanced ranks are, the sparse critical path.
+
+Each part is split in two: what one rank's nodes give (`rank_summary`, `rank_critical`), made
+where the rank is analyzed, and what compares ranks (`with_imbalance`, `pick_critical`), made on
+those compact rows; `summarize` and `critical_path` are the two together on a whole graph.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from sparselift.analysis.edges import STAGE_ORDER
 from sparselift.analysis.names import SPARSE_STAGES
+from sparselift.analysis.ordered import group_codes, ordered_sums
 from sparselift.analysis.reconstruct import MAIN_PARTS
 
 SUMMARY_COLUMNS = [
@@ -37,6 +44,16 @@ def summarize(nodes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         nodes: graph nodes (`reconstruct.NODE_COLUMNS`).
         steps: measured steps per rank (rank, step, dur_s).
     """
+    return with_imbalance(rank_summary(nodes, steps))
+
+
+def rank_summary(nodes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """`summarize` without the imbalance columns, which compare ranks: what one rank's nodes give
+    (or several ranks', the same rows), so that each rank's is made where it is analyzed.
+
+    Returns:
+        SUMMARY_COLUMNS but `imbalance_*`, one row per row of `steps`, in its order.
+    """
     sparse = nodes["stage"].isin(SPARSE_STAGES)
     main = nodes["part"].isin(MAIN_PARTS)
     part = nodes["part"]
@@ -57,12 +74,31 @@ def summarize(nodes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     )
     for col, mask in masks.items():
         out[col] = nodes[mask].groupby(["rank", "step"])["dur_s"].sum()
-    out = out.fillna(0.0).reset_index()
-    by_step = out.groupby("step")
+    return out.fillna(0.0).reset_index()[SUMMARY_COLUMNS[:-2]]
+
+
+def with_imbalance(summary: pd.DataFrame) -> pd.DataFrame:
+    """`rank_summary` rows of every rank (in rank order) with `imbalance_step` and
+    `imbalance_sparse`: per step, the slowest rank's `step_s` / `sparse_path_s` over the ranks'
+    mean (1.0 where the mean is 0).
+
+    Returns:
+        A new frame with SUMMARY_COLUMNS, on a fresh index.
+    """
+    out = summary.reset_index(drop=True)
+    codes, n = group_codes(out, ["step"])
+    counts = np.bincount(codes, minlength=n).astype(np.float64)
     for col, of in (("imbalance_step", "step_s"), ("imbalance_sparse", "sparse_path_s")):
-        # the slowest rank over the ranks' mean
-        out[col] = by_step[of].transform(lambda s: s.max() / s.mean() if s.mean() else 1.0)
+        values = out[of].to_numpy(dtype=np.float64)
+        # the ranks' mean as `Series.mean` adds them, in rank order
+        mean = (ordered_sums(values, codes, n) / np.maximum(counts, 1.0))[codes]
+        top = out.groupby("step")[of].transform("max").to_numpy(dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[col] = np.where(mean != 0, top / mean, 1.0)
     return out[SUMMARY_COLUMNS]
+
+
+CRITICAL_COLUMNS = ["step", "rank", "kind", "start_us", "compute_s", "wait_s"]
 
 
 def critical_path(nodes: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
@@ -75,29 +111,40 @@ def critical_path(nodes: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         step, rank, kind (in STAGE_ORDER), start_us (trace clock), compute_s, wait_s (exposed
         communication) and total_s.
     """
-    rows = []
-    for step, g in summary.groupby("step"):
-        rank = int(g.loc[g["step_s"].idxmax(), "rank"])
-        s = nodes[
-            (nodes["rank"] == rank)
-            & (nodes["step"] == step)
-            & nodes["part"].isin(("compute", "wait"))
-            & nodes["kind"].isin(STAGE_ORDER)
-        ]
-        for kind in STAGE_ORDER:
-            k = s[s["kind"] == kind]
-            if len(k):
-                rows.append(
-                    dict(
-                        step=step,
-                        rank=rank,
-                        kind=kind,
-                        start_us=k["start_us"].min(),
-                        compute_s=k[k["part"] == "compute"]["dur_s"].sum(),
-                        wait_s=k[k["part"] == "wait"]["dur_s"].sum(),
-                    )
-                )
-    cp = pd.DataFrame(rows, columns=["step", "rank", "kind", "start_us", "compute_s", "wait_s"])
+    return pick_critical(rank_critical(nodes), summary)
+
+
+def rank_critical(nodes: pd.DataFrame) -> pd.DataFrame:
+    """Every rank's and step's sparse path stage by stage, of which `pick_critical` keeps the
+    slowest rank's: what one rank's nodes give, so that it is made where the rank is analyzed.
+
+    Returns:
+        CRITICAL_COLUMNS, one row per (rank, step, kind in STAGE_ORDER) that has compute or wait
+        nodes, in that order; compute_s and wait_s add up the nodes' durations in node order.
+    """
+    s = nodes[nodes["part"].isin(("compute", "wait")) & nodes["kind"].isin(STAGE_ORDER)]
+    s = s.assign(order=s["kind"].map({k: i for i, k in enumerate(STAGE_ORDER)}))
+    codes, n = group_codes(s, ["rank", "step", "order"])
+    first = s.groupby(["rank", "step", "order"], sort=True)
+    out = first.agg(kind=("kind", "first"), start_us=("start_us", "min")).reset_index()
+    dur = s["dur_s"].to_numpy(dtype=np.float64)
+    for col, part in (("compute_s", "compute"), ("wait_s", "wait")):
+        out[col] = ordered_sums(dur, np.where(s["part"].to_numpy() == part, codes, -1), n)
+    return out[CRITICAL_COLUMNS]
+
+
+def pick_critical(critical: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `rank_critical` (every rank's, in rank order) of each step's slowest rank (the
+    first of the largest `step_s` in `summary`), steps in order, and their total_s.
+
+    Returns:
+        CRITICAL_COLUMNS and total_s (compute_s + wait_s).
+    """
+    top = summary.loc[summary.groupby("step")["step_s"].idxmax(), ["step", "rank"]]
+    cp = critical.merge(top, on=["step", "rank"], how="inner", sort=False)
+    cp = cp.sort_values("step", kind="stable").reset_index(drop=True)
+    if cp.empty:
+        cp = pd.DataFrame([], columns=CRITICAL_COLUMNS)
     cp["total_s"] = cp["compute_s"] + cp["wait_s"]
     return cp
 

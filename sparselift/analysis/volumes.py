@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES
 
 SHARDED = ("table_wise", "column_wise", "row_wise", "table_row_wise")
+GROUPS = sorted(SHARDED)
 
 
 def dist_bytes(
@@ -42,36 +44,93 @@ def dist_bytes(
     }
     gloo = (manifest.get("backend") or "gloo") == "gloo"
     shards = plan_tables[plan_tables["sharding_type"].isin(SHARDED)]
-    ids = access.set_index(["table", "rank", "step"])["ids"]
-    rows: dict[tuple[int, int, str, str], float] = {}
-
-    def add(rank: int, step: int, kind: str, group: str, x: float) -> None:
-        key = (rank, step, kind, group)
-        rows[key] = rows.get(key, 0.0) + x
-
-    steps = sorted(access["step"].unique())
+    steps = np.array(sorted(access["step"].unique()), dtype=np.int64)
+    owners = shards["rank"].to_numpy(dtype=np.int64)
+    ranks = np.union1d(np.arange(world, dtype=np.int64), owners)
+    # one accumulator per (rank, step, kind, group), laid out in sorted key order; each is added
+    # to in the order the ranks' and shards' loops would add to it (sequentially, from 0.0)
+    acc = _Accumulator(len(ranks), len(steps))
+    ids = _ids_by_table(access, steps, world)
+    r_of = np.searchsorted(ranks, np.arange(world))  # rank r → its accumulator row
     for (table, st), sh in shards.groupby(["table", "sharding_type"]):
         lengths = batch * feats.get(table, 1) * LENGTH_BYTES
-        for step in steps:
-            for r in range(world):
-                idb = float(ids.get((table, r, step), 0.0)) * ID_BYTES + lengths
-                if st in ("table_wise", "column_wise"):  # counted at the shard's rank, which
-                    for owner, cols in zip(
-                        sh["rank"], sh["cols"], strict=True
-                    ):  # receives ids and gradients
-                        out = batch * cols * FLOAT_BYTES
-                        add(owner, step, "output_dist_fwd", st, 0.0 if owner == r else out)
-                        if owner != r:
-                            add(owner, step, "input_dist", st, idb)
-                            add(owner, step, "output_dist_bwd", st, out)
-                else:  # row-wise buckets: every rank keeps 1/W of its ids
-                    out = batch * float(sh["cols"].max()) * FLOAT_BYTES
-                    add(r, step, "input_dist", st, idb * (world - 1) / world)
-                    fwd = (
-                        2.0 * (world - 1) * out if gloo and st == "row_wise" else (world - 1) * out
-                    )
-                    add(r, step, "output_dist_fwd", st, fwd)
-                    add(r, step, "output_dist_bwd", st, (world - 1) * out)
-    return pd.DataFrame(
-        [(*k, v) for k, v in sorted(rows.items())], columns=["rank", "step", "kind", "group", "x"]
-    )
+        idb = ids.get(table, np.zeros((len(steps), world))) * ID_BYTES + lengths  # [step, r]
+        if st in ("table_wise", "column_wise"):  # counted at the shard's rank, which receives
+            own = np.searchsorted(ranks, sh["rank"].to_numpy(dtype=np.int64))  # ids, gradients
+            outs = np.array([batch * c * FLOAT_BYTES for c in sh["cols"]], dtype=np.float64)
+            away = own[None, :] != r_of[:, None]  # [r, shard]
+            grid = (len(steps), world, len(own))  # the loops' order: step, r, shard
+            at = np.broadcast_to(own, grid)
+            acc.add(at, "output_dist_fwd", st, np.where(away, outs, 0.0), None)
+            acc.add(at, "input_dist", st, np.broadcast_to(idb[:, :, None], grid), away)
+            acc.add(at, "output_dist_bwd", st, np.broadcast_to(outs, grid), away)
+        else:  # row-wise buckets: every rank keeps 1/W of its ids
+            out = batch * float(sh["cols"].max()) * FLOAT_BYTES
+            per_rank = (len(steps), world)
+            at = np.broadcast_to(r_of, per_rank)
+            fwd = 2.0 * (world - 1) * out if gloo and st == "row_wise" else (world - 1) * out
+            acc.add(at, "input_dist", st, idb * (world - 1) / world, None)
+            acc.add(at, "output_dist_fwd", st, np.full(per_rank, fwd, dtype=np.float64), None)
+            acc.add(at, "output_dist_bwd", st, np.full(per_rank, (world - 1) * out, float), None)
+    return acc.frame(ranks, steps)
+
+
+KINDS = sorted(("input_dist", "output_dist_fwd", "output_dist_bwd"))
+
+
+class _Accumulator:
+    """Sums per (rank, step, kind, group), dense in sorted key order, added to in call order."""
+
+    def __init__(self, n_ranks: int, n_steps: int) -> None:
+        self.shape = (n_ranks, n_steps, len(KINDS), len(SHARDED))
+        self.sums = np.zeros(self.shape, dtype=np.float64)
+        self.seen = np.zeros(self.shape, dtype=bool)
+
+    def add(
+        self, at: np.ndarray, kind: str, group: str, x: np.ndarray, where: np.ndarray | None
+    ) -> None:
+        """Add x[step, r, ...] to the accumulator of rank row at[step, r, ...] (where `where`)."""
+        shape = np.broadcast_shapes(at.shape, x.shape)
+        step = np.broadcast_to(
+            np.arange(self.shape[1]).reshape((-1,) + (1,) * (len(shape) - 1)), shape
+        )
+        keep = np.ones(shape, dtype=bool) if where is None else np.broadcast_to(where, shape)
+        flat = np.ravel_multi_index(
+            (
+                np.broadcast_to(at, shape)[keep],
+                step[keep],
+                np.full(int(keep.sum()), KINDS.index(kind)),
+                np.full(int(keep.sum()), GROUPS.index(group)),
+            ),
+            self.shape,
+        )
+        np.add.at(self.sums.reshape(-1), flat, np.broadcast_to(x, shape)[keep])
+        self.seen.reshape(-1)[flat] = True
+
+    def frame(self, ranks: np.ndarray, steps: np.ndarray) -> pd.DataFrame:
+        """The keys added to, sorted, with their sums."""
+        r, s, k, g = np.nonzero(self.seen)
+        if not len(r):
+            return pd.DataFrame([], columns=["rank", "step", "kind", "group", "x"])
+        return pd.DataFrame(
+            {
+                "rank": ranks[r],
+                "step": steps[s],
+                "kind": [KINDS[i] for i in k],
+                "group": [GROUPS[i] for i in g],
+                "x": self.sums[r, s, k, g],
+            }
+        )
+
+
+def _ids_by_table(access: pd.DataFrame, steps: np.ndarray, world: int) -> dict[Any, np.ndarray]:
+    """Per table, ids per [step, rank] (0 where not recorded), for ranks below `world`."""
+    a = access[(access["rank"] >= 0) & (access["rank"] < world)]
+    out = {}
+    for table, g in a.groupby("table"):
+        m = np.zeros((len(steps), world), dtype=np.float64)
+        m[np.searchsorted(steps, g["step"].to_numpy()), g["rank"].to_numpy()] = g["ids"].to_numpy(
+            dtype=np.float64
+        )
+        out[table] = m
+    return out

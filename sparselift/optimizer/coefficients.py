@@ -252,6 +252,9 @@ def coefficients(
     tx = cal.ops.get("batch_transform")
     if tx is not None:
         kw["batch_transform"] = Linear(max(0.0, tx.a_s), max(0.0, tx.b_s))
+    rc = cal.ops.get("recombine")  # x = pooled elements read + written, through the origin
+    if rc is not None:
+        kw["recombine_b_s"] = max(0.0, rc.b_s)
     dp = cal.ops.get("dp_allreduce")
     if dp is not None and dp.overlap is not None:
         kw["dp_overlap"] = min(1.0, max(0.0, dp.overlap))

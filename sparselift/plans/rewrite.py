@@ -275,3 +275,6 @@ def _guarded(create: Any, virtual: tuple[str, ...], source: str) -> Any:
         return create(input_feature_names, *args, **kwargs)
 
     return _create_input_dist
+
+
+recombine = _recombine  # public name: the profiler times the recombination (`recombine_cost`)

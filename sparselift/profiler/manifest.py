@@ -25,6 +25,14 @@ features, ids, seconds}], a_s, b_s, r2}; each sample is what hot/cold splits of 
 (`baseline_s`), each the fastest of `repeats` calls; a_s (per split feature), b_s (per id) fit them
 (`sparselift.analysis.transform_fit`), which `sparselift analyze` refits over all samples as
 calibration.json's `ops["batch_transform"]`.
+recombine (the split model's recombination of pooled embeddings timed forward and backward on
+the rank's device at the end of the window, `recombine_cost.py`; null where nothing was timed,
+absent in older manifests): {device, repeats, rows[rank], elapsed_s[rank], samples[{rank, split,
+read, written, seconds}], b_s, r2}; each sample is the first `split` pooled tables split hot/cold,
+`rows` batch rows: `read` pooled elements of their parts, `written` of the model's pooled output,
+the fastest call; b_s (per element of read + written, through the origin) fits them
+(`sparselift.analysis.recombine_fit`), which `sparselift analyze` refits over all samples as
+calibration.json's `ops["recombine"]`.
 """
 
 from __future__ import annotations
@@ -147,6 +155,7 @@ class ProfileFacts:
     hosts: list[str] = field(default_factory=list)  # each rank's host name, in rank order
     missing_ranks: list[int] = field(default_factory=list)  # ranks whose trace is not in files
     batch_transform: dict[str, Any] | None = None  # `transform_cost.transform_record`
+    recombine: dict[str, Any] | None = None  # `recombine_cost.recombine_record`
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

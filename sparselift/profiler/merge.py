@@ -17,6 +17,7 @@ import torch
 from sparselift.profiler.access_stats import TableStep
 from sparselift.profiler.hot_ids import HOT_IDS
 from sparselift.profiler.manifest import ProfileFacts, build_manifest, table_entries
+from sparselift.profiler.recombine_cost import RankRecombine
 from sparselift.profiler.trace import et_name, trace_name
 from sparselift.profiler.transform_cost import RankTransform
 
@@ -37,6 +38,7 @@ class RankReport:
     table_steps: list[TableStep] = field(default_factory=list)
     host: str = ""
     transform: RankTransform | None = None  # its batch-transform timings (`transform_cost`)
+    recombine: RankRecombine | None = None  # its recombination timings (`recombine_cost`)
 
 
 def profile_facts(
@@ -45,6 +47,7 @@ def profile_facts(
     alphas: dict[str, float | None],
     hot: dict[str, dict[str, Any]] | None,
     transform: dict[str, Any] | None = None,
+    recombine: dict[str, Any] | None = None,
 ) -> ProfileFacts:
     """The manifest's facts on rank 0 at the end of the window.
 
@@ -56,6 +59,7 @@ def profile_facts(
         alphas: each table's fitted Zipf exponent (`access_stats.access_rows`).
         hot: each table's hot-id summary (`hot_ids.record_hot_ids`); None where not written.
         transform: the batch transform's timings (`transform_cost.transform_record`), if any.
+        recombine: the recombination's timings (`recombine_cost.recombine_record`), if any.
     Returns:
         The facts; `steady_step_s` empty (the steady steps come later).
     """
@@ -86,6 +90,7 @@ def profile_facts(
         hosts=[r.host for r in reports],
         missing_ranks=[r.rank for r in reports if trace_name(r.rank) not in r.files],
         batch_transform=transform,
+        recombine=recombine,
     )
 
 

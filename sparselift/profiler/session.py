@@ -14,7 +14,8 @@ this rank's trace (rank 0 into `out_dir`, the others into a private temp directo
 filesystem is needed), streams every rank's trace to rank 0 (`gather.gather_files`; a rank whose
 trace did not arrive is named in the manifest's `missing_ranks`), gathers every rank's access
 statistics (and each rank's timing of the split plans' batch transform on its last batch,
-`transform_cost.py`) on rank 0, which writes
+`transform_cost.py`, and of the split model's recombination, `recombine_cost.py`) on rank 0,
+which writes
 `hot_ids.parquet` (each table's hottest ids over the window, `hot_ids.py`; always rank 0 itself,
 like the traces: too large to hand back), then `access_stats.parquet` and `manifest.json` (unless
 `write_files=False`: then `finish()` hands those to the caller). Then it times `steady_steps` more
@@ -52,6 +53,7 @@ from sparselift.profiler.hot_ids import record_hot_ids
 from sparselift.profiler.manifest import ProfileFacts, comm_precision_of, sharding_of
 from sparselift.profiler.merge import RankReport, profile_facts, write_manifest, write_profile
 from sparselift.profiler.pipeline import ProfiledPipeline
+from sparselift.profiler.recombine_cost import recombine_record, time_recombine
 from sparselift.profiler.steady import SteadyTimer
 from sparselift.profiler.trace import TraceRecorder
 from sparselift.profiler.transform_cost import time_transform, transform_record
@@ -299,6 +301,10 @@ class ProfileSession:
             lambda: time_transform(self.tables, captures, steps, self.rank),
             "timing the batch transform",
         )
+        recombination = self._guard(
+            lambda: time_recombine(self.tables, captures, self.device, self.rank),
+            "timing the recombination",
+        )
         report = RankReport(
             rank=self.rank,
             device=self.device.type,
@@ -309,6 +315,7 @@ class ProfileSession:
             table_steps=steps,
             host=socket.gethostname(),
             transform=timing,
+            recombine=recombination,
         )
         reports = self._guard(lambda: gather_to_rank0(report), "gathering ranks on rank 0")
         self._gather_traces(reports)
@@ -352,7 +359,10 @@ class ProfileSession:
         transform = self._guard(
             lambda: transform_record([r.transform for r in reports]), "fitting the batch transform"
         )
-        facts = profile_facts(self, reports, alphas, hot, transform)
+        recombination = self._guard(
+            lambda: recombine_record([r.recombine for r in reports]), "fitting the recombination"
+        )
+        facts = profile_facts(self, reports, alphas, hot, transform, recombination)
         self._facts = facts
         self.result = dict(rows=rows, facts=asdict(facts))
         if self.write_files:
