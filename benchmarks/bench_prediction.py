@@ -1,8 +1,9 @@
 """Does the calibration predict plans it never saw, and rank them as they measure?
 
 Per workload (tiny, multihot-26 and criteo-kaggle, rows capped), on 2 CPU ranks:
-1. profile TorchRec's plan under the base and the sparse-dist pipeline and calibrate on the pair
-   (`analyze BASE SPARSE_DIST`: what a user starts from);
+1. profile TorchRec's plan under the base and the sparse-dist pipeline and at 16-bit collectives,
+   and calibrate on the three (`analyze BASE SPARSE_DIST BASE_16BIT`, as `tune` starts from: the
+   pipeline's overlap and the quantize cost measured);
 2. plan with `optimize --profile` (SparseLift's plan), and take TorchRec's plan, round-robin
    table-wise, and three one-decision neighbours of SparseLift's plan (the other pipeline, the
    other comm precision, its heaviest table moved: `plan_set.neighbours`) — six plans;
@@ -13,7 +14,9 @@ Per workload (tiny, multihot-26 and criteo-kaggle, rows capped), on 2 CPU ranks:
    passes of each pass's median after the window, slowest rank).
 
 Targets: |predicted − measured| ≤ 10 % for ≥ 90 % of the plans, and the predicted order of the
-plans matches the measured order (Kendall τ ≥ 0.8, per workload and pooled).
+plans matches the measured order (Kendall τ ≥ 0.8, per workload and pooled). Also printed: the
+pairs the measurement itself orders (their pass ranges do not overlap) and how many of them the
+prediction orders alike; pairs inside each other's noise cannot confirm or refute a ranking.
 
     .venv/bin/python benchmarks/bench_prediction.py                       # 3 workloads
     .venv/bin/python benchmarks/bench_prediction.py --workloads tiny --repeats 1   # quick
@@ -33,6 +36,8 @@ from typing import Any
 from cli_steps import sh
 from plan_set import neighbours
 
+from sparselift.tune import sixteen_bit_copy
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_ROWS = {"tiny": None, "multihot-26": 200_000, "criteo-kaggle": 200_000}
 
@@ -45,6 +50,18 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
         for i, j in pairs
     )
     return s / len(pairs) if pairs else 1.0
+
+
+def resolved_pairs(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """(pairs predicted in the measured order, pairs the measurement orders): a pair is ordered
+    by the measurement when one plan's slowest pass is faster than the other's fastest."""
+    agree = resolved = 0
+    for a, b in itertools.combinations(rows, 2):
+        lo, hi = (a, b) if max(a["passes_s"]) < min(b["passes_s"]) else (b, a)
+        if max(lo["passes_s"]) < min(hi["passes_s"]):
+            resolved += 1
+            agree += lo["predicted_s"] < hi["predicted_s"]
+    return agree, resolved
 
 
 def _common(workload: str, max_rows: int | None) -> list[str]:
@@ -87,10 +104,11 @@ def make_plans(work: Path, common: list[str], args: argparse.Namespace) -> dict[
     world = ["--world-size", str(args.nproc)]
     sh("plan", "from-torchrec", *common, *world, "--out", str(torchrec), log=sys.stderr)
     sh("plan", "round-robin", *common, *world, "--out", str(rr), log=sys.stderr)
-    base, sd = work / "calib", work / "calib-sparse-dist"
+    base, sd, half = work / "calib", work / "calib-sparse-dist", work / "calib-16bit"
     profile(torchrec, base, common, args, "base")
     profile(torchrec, sd, common, args, "sparse-dist")
-    sh("analyze", str(base), str(sd), log=sys.stderr)
+    profile(Path(sixteen_bit_copy(str(torchrec), work)), half, common, args, "base")
+    sh("analyze", str(base), str(sd), str(half), log=sys.stderr)
     opt = ["--time-limit", str(args.time_limit), "--out", str(ours)]
     sh("optimize", "--profile", str(base), *opt, log=sys.stderr)
     out = {"sparselift": ours, "torchrec": torchrec, "round_robin": rr}
@@ -165,7 +183,12 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 f"{r['measured_s'] * 1e3:9.2f} {passes:>17} {r['error']:+6.1%}"
             )
         taus[wl] = kendall_tau([r["predicted_s"] for r in g], [r["measured_s"] for r in g])
-        print(f"{wl:<14} Kendall τ (predicted vs measured order) {taus[wl]:.2f}")
+        agree, resolved = resolved_pairs(g)
+        print(
+            f"{wl:<14} Kendall τ (predicted vs measured order) {taus[wl]:.2f}; pairs the "
+            f"measurement orders: {resolved} of {len(g) * (len(g) - 1) // 2}, predicted alike "
+            f"{agree}"
+        )
     within = sum(abs(r["error"]) <= 0.10 for r in rows)
     share = within / len(rows)
     print(
