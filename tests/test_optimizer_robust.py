@@ -8,6 +8,7 @@ cheaper than it is), so that only the rules under test keep it out.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -288,3 +289,22 @@ def test_the_fast_schema_check_accepts_plans_with_evidence():
     assert _fast_check()(d)
     d["evidence"]["lookup_fwd"] = {"source": "measured"}  # no "from"
     assert not _fast_check()(d)
+
+
+def test_row_wise_is_risky_until_a_profile_ran_it():
+    """A calibration from table-wise profiles prices row-wise's reduce-scatter (an all-reduce on
+    gloo) only by analogy with the all-to-all: risky until a profile ran row-wise."""
+    from sparselift.analysis.pipeline import analyze
+    from sparselift.optimizer.robust import risky_class
+    from sparselift.optimizer.space import RW, TW
+
+    fixtures = Path(__file__).parent / "fixtures"
+    topo = preset("cpu-gloo", 2)
+    rw, tw = OptionClass(RW, FUSED, 2), OptionClass(TW, FUSED, 1)
+    for fixture, ran, rw_risky in (("table_wise", TW, True), ("row_wise", RW, False)):
+        cal = analyze(fixtures / f"profile_tiny_{fixture}", cache=False).calibration
+        coeffs = coefficients(topo, cal)
+        assert coeffs.profiled_types == (ran,)
+        assert risky_class(rw, coeffs) == rw_risky
+        assert not risky_class(tw, coeffs)
+    assert not risky_class(rw, coefficients(topo))  # nothing profiled: no such rule

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -264,6 +265,19 @@ def recombine_fit_of(evidence: list[ProfileEvidence]) -> OpFit | None:
     return fit_recombine([s for ev in evidence for s in ev.recombine])
 
 
+def profiled_sharding_types(manifests: Iterable[dict[str, Any]]) -> list[str]:
+    """The sharding types any of the profiles ran (their manifests' `sharding`), sorted: whose
+    collectives the fits have seen."""
+    return sorted(
+        {
+            str(e["sharding_type"])
+            for m in manifests
+            for e in m.get("sharding") or []
+            if isinstance(e, dict) and e.get("sharding_type")
+        }
+    )
+
+
 def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     """Fit one calibration on one or several profiles of the same job.
 
@@ -293,7 +307,10 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     provenance = Provenance(
         profile=first.profile,
         created_unix=time.time(),
-        manifest={k: first.manifest.get(k) for k in MANIFEST_FIELDS},
+        manifest={
+            **{k: first.manifest.get(k) for k in MANIFEST_FIELDS},
+            "sharding_types": profiled_sharding_types(ev.manifest for ev in evidence),
+        },
         samples=int(len(calls)),
         step_time_s_median=float(first.step_s.median()),
         step_time_s_min=float(first.step_s.min()),

@@ -79,6 +79,9 @@ class Coefficients:
     batch_transform: Linear = Linear(0.0, 0.0)
     # … and the split model's recombination of pooled embeddings: seconds per element (fwd + bwd)
     recombine_b_s: float = 0.0
+    # the sharding types the calibrated profiles ran (their collectives are what the fits saw);
+    # () without a calibration
+    profiled_types: tuple[str, ...] = ()
     # per coefficient (COEFFICIENT_NAMES order): (name, MEASURED or ASSUMED, profile or preset);
     # a tuple so that Coefficients stays hashable
     evidence: tuple[tuple[str, str, str], ...] = ()
@@ -265,6 +268,8 @@ def coefficients(
         kw["lookup_unit"] = unit
     if cal.dense_step_s is not None:
         kw["dense_step_s"] = cal.dense_step_s
+    types = cal.provenance.manifest.get("sharding_types")
+    profiled = tuple(str(t) for t in types) if isinstance(types, list) else ()
     crossing = [kw[k].b_s for k in DIST_KINDS if k in kw]
     if crossing and every_byte_crossed_hosts(cal):  # the fits price bytes between hosts
         kw["inter_host_b_s"] = max(crossing)
@@ -280,7 +285,8 @@ def coefficients(
         if profile is not None
         else "calibration"
     )
-    return base.replace(source=origin, **kw).with_evidence(MEASURED, origin, tuple(kw))
+    measured = base.replace(source=origin, **kw).with_evidence(MEASURED, origin, tuple(kw))
+    return measured.replace(profiled_types=profiled)
 
 
 DIST_KINDS = ("input_dist", "output_dist_fwd", "output_dist_bwd")

@@ -36,7 +36,16 @@ from sparselift.optimizer.feasibility import feasible_classes, part_classes
 from sparselift.optimizer.placement import cheapest_average
 from sparselift.optimizer.problem import NS, Problem, Solution, load_over_ranks
 from sparselift.optimizer.solver import solve
-from sparselift.optimizer.space import DP, FUSED, UVM_CACHING, Choice, OptionClass, PlanWide
+from sparselift.optimizer.space import (
+    DP,
+    FUSED,
+    RW,
+    TWRW,
+    UVM_CACHING,
+    Choice,
+    OptionClass,
+    PlanWide,
+)
 from sparselift.optimizer.split_options import SplitOption
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.whatif import PriceBook
@@ -49,10 +58,14 @@ def risky_class(c: OptionClass, coeffs: Coefficients) -> bool:
 
     UVM caching always (its miss cost is a preset's guess on most hardware, and TorchRec prices
     it far higher); data-parallel when a calibration measured the plan's other costs but not
-    the allreduce (its cost then rests on an assumption where the alternatives' do not).
+    the allreduce (its cost then rests on an assumption where the alternatives' do not);
+    row-wise or table-row-wise when no calibrated profile ran that type: its output is a
+    reduce-scatter (an all-reduce on gloo), which the all-to-all fits price only by analogy.
     """
     if c.kernel == UVM_CACHING:
         return True
+    if c.sharding_type in (RW, TWRW) and coeffs.profiled_types:
+        return c.sharding_type not in coeffs.profiled_types
     return c.sharding_type == DP and coeffs.any_measured() and not coeffs.measured("dp_allreduce")
 
 
