@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from sparselift.analysis import names
-from sparselift.analysis.pool import ParseStats, rss_mib, run_per_rank, worker_count
+from sparselift.analysis.pool import ParseStats, R, rss_mib, run_per_rank, worker_count
 from sparselift.analysis.reconstruct import rank_nodes
 from sparselift.analysis.trace import Trace, load_trace
 from sparselift.errors import UserError
@@ -181,6 +181,19 @@ class ProfileFiles:
     workers: int
 
 
+def timed_per_rank(
+    fn: Callable[..., tuple[R, float]], files: ProfileFiles, *args: Any
+) -> tuple[list[R], ParseStats]:
+    """`pool.run_per_rank` over the profile's traces, and what it cost (`ParseStats`)."""
+    t0 = time.perf_counter()
+    results, worker_rss = run_per_rank(fn, files.paths, files.ranks, files.workers, *args)
+    wall = time.perf_counter() - t0
+    stats = ParseStats(
+        len(files.ranks), sum(files.sizes), wall, files.workers, rss_mib(), worker_rss
+    )
+    return results, stats
+
+
 def open_profile(
     path: str | Path, workers: int | None = None, allow_missing_ranks: bool = False
 ) -> ProfileFiles:
@@ -285,16 +298,7 @@ def load_profile(
     """
     files = open_profile(path, workers, allow_missing_ranks)
     announce(files, progress)
-    t0 = time.perf_counter()
-    traces, worker_rss = run_per_rank(_parse_one, files.paths, files.ranks, files.workers, cache)
-    stats = ParseStats(
-        len(files.ranks),
-        sum(files.sizes),
-        time.perf_counter() - t0,
-        files.workers,
-        rss_mib(),
-        worker_rss,
-    )
+    traces, stats = timed_per_rank(_parse_one, files, cache)
     check_ranks(files, [(tr.rank, tr.world_size) for tr in traces])
     check_same_run(traces, files.manifest)
     access = read_access(files.path, files.manifest)

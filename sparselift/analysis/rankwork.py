@@ -14,7 +14,6 @@ the one-process analysis would have made it, so that the same error is raised in
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from sparselift.analysis.evidence import RankEvidenceContext, evidence_context, rank_calls
-from sparselift.analysis.pool import ParseStats, rss_mib, run_per_rank
+from sparselift.analysis.pool import ParseStats, rss_mib
 from sparselift.analysis.profile import (
     ProfileFiles,
     StepSpan,
@@ -33,6 +32,7 @@ from sparselift.analysis.profile import (
     plan_tables,
     read_access,
     span_or_error,
+    timed_per_rank,
 )
 from sparselift.analysis.reconstruct import RankGraph, rank_graph, rank_nodes
 from sparselift.analysis.summary import rank_critical, rank_summary
@@ -181,18 +181,7 @@ def load_ranks(
     plan = plan_tables(m)
     ctx = RankContext(plan, evidence_context(m, access, plan))
     announce(files, progress)
-    t0 = time.perf_counter()
-    results, worker_rss = run_per_rank(
-        analyze_rank, files.paths, files.ranks, files.workers, cache, ctx
-    )
-    stats = ParseStats(
-        len(files.ranks),
-        sum(files.sizes),
-        time.perf_counter() - t0,
-        files.workers,
-        rss_mib(),
-        worker_rss,
-    )
+    results, stats = timed_per_rank(analyze_rank, files, cache, ctx)
     check_ranks(files, [(r.trace_rank, r.trace_world) for r in results])
     check_spans([(r.span, r.path) for r in results], m)
     if access_error is not None:

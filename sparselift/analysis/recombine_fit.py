@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from sparselift.analysis.transform_fit import recorded_samples
 from sparselift.calibration import RECOMBINE_UNIT, OpFit
-from sparselift.errors import UserError
 
 RECOMBINE = "recombine"  # the op kind in calibration.json and the manifest's key
 
@@ -72,23 +72,5 @@ def recombine_samples_of(manifest: Mapping[str, Any], where: str) -> list[Recomb
         UserError: the record is there but malformed; the message names `where` and the
             sample.
     """
-    rec = manifest.get(RECOMBINE)
-    if rec is None:
-        return []
-    if not isinstance(rec, Mapping) or not isinstance(rec.get("samples"), list):
-        raise UserError(f"{where}: {RECOMBINE} must be an object with a list of samples")
-    out = []
-    for i, s in enumerate(rec["samples"]):
-        ok = isinstance(s, Mapping) and all(
-            _is_number(s.get(k)) for k in ("read", "written", "seconds")
-        )
-        if not ok or s["read"] < 0 or s["written"] < 0 or s["seconds"] < 0:
-            raise UserError(
-                f"{where}: {RECOMBINE}.samples[{i}] needs read >= 0, written >= 0 and seconds >= 0"
-            )
-        out.append(RecombineSample(int(s["read"]), int(s["written"]), float(s["seconds"])))
-    return out
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
+    rows = recorded_samples(manifest, RECOMBINE, ("read", "written", "seconds"), (), where)
+    return [RecombineSample(int(r["read"]), int(r["written"]), float(r["seconds"])) for r in rows]

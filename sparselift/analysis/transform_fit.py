@@ -94,22 +94,41 @@ def samples_of(manifest: Mapping[str, Any], where: str) -> list[TransformSample]
         UserError: the record is there but malformed; the message names `where` and the
             sample.
     """
-    rec = manifest.get(TRANSFORM)
+    rows = recorded_samples(manifest, TRANSFORM, ("features", "ids"), ("seconds",), where)
+    return [TransformSample(int(r["features"]), int(r["ids"]), float(r["seconds"])) for r in rows]
+
+
+def recorded_samples(
+    manifest: Mapping[str, Any],
+    key: str,
+    counts: tuple[str, ...],
+    numbers: tuple[str, ...],
+    where: str,
+) -> list[Mapping[str, Any]]:
+    """The samples a profile manifest records under `key` (its `key.samples`), checked.
+
+    Args:
+        manifest: the profile's manifest.json object.
+        key: the record ("batch_transform", "recombine").
+        counts: the fields each sample needs as finite numbers >= 0.
+        numbers: the fields it needs as finite numbers (a time less a baseline may be < 0).
+        where: what to name in messages (the manifest's path).
+    Returns:
+        The samples as recorded; [] where the manifest has no such record.
+    Raises:
+        UserError: the record is there but malformed; the message names `where` and the sample.
+    """
+    rec = manifest.get(key)
     if rec is None:
         return []
     if not isinstance(rec, Mapping) or not isinstance(rec.get("samples"), list):
-        raise UserError(f"{where}: {TRANSFORM} must be an object with a list of samples")
-    out = []
+        raise UserError(f"{where}: {key} must be an object with a list of samples")
     for i, s in enumerate(rec["samples"]):
-        ok = isinstance(s, Mapping) and all(
-            _is_number(s.get(k)) for k in ("features", "ids", "seconds")
-        )
-        if not ok or s["features"] < 0 or s["ids"] < 0:
-            raise UserError(
-                f"{where}: {TRANSFORM}.samples[{i}] needs features >= 0, ids >= 0 and seconds"
-            )
-        out.append(TransformSample(int(s["features"]), int(s["ids"]), float(s["seconds"])))
-    return out
+        ok = isinstance(s, Mapping) and all(_is_number(s.get(k)) for k in (*counts, *numbers))
+        if not ok or any(s[k] < 0 for k in counts):
+            *first, last = [*(f"{k} >= 0" for k in counts), *numbers]
+            raise UserError(f"{where}: {key}.samples[{i}] needs {', '.join(first)} and {last}")
+    return list(rec["samples"])
 
 
 def _is_number(v: Any) -> bool:
