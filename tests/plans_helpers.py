@@ -105,3 +105,26 @@ def big_plan(n_tables: int = 1000, world: int = 8) -> plans.Plan:
                 for k in range(world)
             ]
     return p
+
+
+def train_as_planned(path: Path, steps: int = 3) -> Any:
+    """Train `tiny` on 2 gloo ranks with the plan file at `path`, check that every table of the
+    plan (a split plan's virtual tables too) trained with its sharding type and ranks, and
+    return the run's result."""
+    from sparselift.workloads.harness import TrainConfig, run_training
+
+    result = run_training(
+        TrainConfig(
+            workload="tiny",
+            nproc=2,
+            steps=steps,
+            warmup=1,
+            plan=str(path),
+            hook="rank_hooks:ShardingTypes",
+        )
+    )
+    got = result.ranks[0].extra["tables"]
+    for t in plans.load(path).tables:
+        assert got[t.name]["sharding_type"] == t.sharding_type, t.name
+        assert got[t.name]["ranks"] == t.ranks, t.name
+    return result

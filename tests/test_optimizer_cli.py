@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from plans_helpers import train_as_planned
 
 from sparselift import plans
 from sparselift.cli import main
@@ -145,27 +146,10 @@ def test_a_cuda_profile_is_planned_for_its_gpu_not_for_a_cpu(tmp_path, capsys, g
 
 @pytest.mark.slow
 def test_plan_loads_and_trains(tmp_path):
-    from sparselift.workloads.harness import TrainConfig, run_training
-
     out = tmp_path / "p.json"
     assert _run("--workload", "tiny", "--out", str(out), "--time-limit", "5", "--no-baseline") == 0
-    result = run_training(
-        TrainConfig(
-            workload="tiny",
-            nproc=2,
-            steps=3,
-            warmup=1,
-            plan=str(out),
-            hook="rank_hooks:ShardingTypes",
-        )
-    )
-    plan = plans.load(out)
-    got = result.ranks[0].extra["tables"]
-    for t in plan.tables:  # every table trained as the plan says
-        assert (
-            got[t.name]["sharding_type"] == t.sharding_type and got[t.name]["ranks"] == t.ranks
-        ), t.name
-    assert result.pipeline == plan.pipeline
+    result = train_as_planned(out)  # every table trained as the plan says
+    assert result.pipeline == plans.load(out).pipeline
 
 
 @pytest.mark.slow
