@@ -271,7 +271,7 @@ def coefficients(
     types = cal.provenance.manifest.get("sharding_types")
     profiled = tuple(str(t) for t in types) if isinstance(types, list) else ()
     crossing = [kw[k].b_s for k in DIST_KINDS if k in kw]
-    if crossing and every_byte_crossed_hosts(cal):  # the fits price bytes between hosts
+    if crossing and max(crossing) > 0 and every_byte_crossed_hosts(cal):  # bytes between hosts
         kw["inter_host_b_s"] = max(crossing)
     elif "input_dist" in kw:  # bytes crossing hosts cost at least what they cost inside one
         kw["inter_host_b_s"] = max(base.inter_host_b_s, kw["input_dist"].b_s)
