@@ -106,8 +106,10 @@ def _part(t: TableStats, name: str, rows: int, dim: int, share: float, n: int) -
     )
 
 
-def _hot_cold(t: TableStats, hot_ids: Sequence[int], share: float) -> SplitOption:
-    hot_name, cold_name = part_names(t.name, "hot_cold")
+def _hot_cold(
+    t: TableStats, hot_ids: Sequence[int], share: float, names: Sequence[str] = ()
+) -> SplitOption:
+    hot_name, cold_name = names or part_names(t.name, "hot_cold")
     k, n = len(hot_ids), t.num_embeddings
     hot = _part(t, hot_name, k, t.embedding_dim, share, 2)
     # the cold part's skew past the hot rows (its UVM cache hit rate), from the table's curve
@@ -197,14 +199,19 @@ def row_range_options(t: TableStats, world: int, hot: HotIds | None = None) -> l
             continue
         bounds = [n * i // ways for i in range(ways + 1)]
         ranges = tuple(zip(bounds, bounds[1:], strict=False))
-        shares = _range_shares(ranges, n, hot)
-        names = part_names(t.name, "row_ranges", ways)
-        parts = tuple(
-            _part(t, name, b - a, t.embedding_dim, share, ways)
-            for name, (a, b), share in zip(names, ranges, shares, strict=True)
-        )
-        out.append(SplitOption(t.name, "row_ranges", parts, ((TW,),) * ways, ranges=ranges))
+        out.append(_row_ranges(t, ranges, part_names(t.name, "row_ranges", ways), hot))
     return out
+
+
+def _row_ranges(
+    t: TableStats, ranges: tuple[tuple[int, int], ...], names: Sequence[str], hot: HotIds | None
+) -> SplitOption:
+    shares = _range_shares(ranges, t.num_embeddings, hot)
+    parts = tuple(
+        _part(t, name, b - a, t.embedding_dim, share, len(ranges))
+        for name, (a, b), share in zip(names, ranges, shares, strict=True)
+    )
+    return SplitOption(t.name, "row_ranges", parts, ((TW,),) * len(parts), ranges=ranges)
 
 
 def _range_shares(ranges: Sequence[tuple[int, int]], rows: int, hot: HotIds | None) -> list[float]:
@@ -232,10 +239,18 @@ def column_slice_options(t: TableStats, world: int) -> list[SplitOption]:
         if ways > world or d % ways or cols % 4 or cols < MIN_CW_COLS:
             continue
         ranges = tuple((i * cols, (i + 1) * cols) for i in range(ways))
-        names = part_names(t.name, "column_slices", ways)
-        parts = tuple(_part(t, name, t.num_embeddings, cols, 1.0, ways) for name in names)
-        out.append(SplitOption(t.name, "column_slices", parts, ((TW,),) * ways, ranges=ranges))
+        out.append(_column_slices(t, ranges, part_names(t.name, "column_slices", ways)))
     return out
+
+
+def _column_slices(
+    t: TableStats, ranges: tuple[tuple[int, int], ...], names: Sequence[str]
+) -> SplitOption:
+    parts = tuple(
+        _part(t, name, t.num_embeddings, b - a, 1.0, len(ranges))
+        for name, (a, b) in zip(names, ranges, strict=True)
+    )
+    return SplitOption(t.name, "column_slices", parts, ((TW,),) * len(parts), ranges=ranges)
 
 
 def split_options(
@@ -298,28 +313,12 @@ def options_of_plan(
                 share = int(h.counts[hits].sum()) / h.lookups
             else:
                 share = t.hot_share(len(s.hot_ids) / t.num_embeddings)
-            o = _hot_cold(t, s.hot_ids, share)
+            o = _hot_cold(t, s.hot_ids, share, s.parts)
         elif s.kind == "row_ranges":
-            shares = _range_shares(s.ranges, t.num_embeddings, h)
-            parts = tuple(
-                _part(t, "", b - a, t.embedding_dim, sh, len(s.ranges))
-                for (a, b), sh in zip(s.ranges, shares, strict=True)
-            )
-            o = SplitOption(t.name, s.kind, parts, ((TW,),) * len(parts), ranges=s.ranges)
+            o = _row_ranges(t, s.ranges, s.parts, h)
         else:
-            parts = tuple(
-                _part(t, "", t.num_embeddings, b - a, 1.0, len(s.ranges)) for a, b in s.ranges
-            )
-            o = SplitOption(t.name, s.kind, parts, ((TW,),) * len(parts), ranges=s.ranges)
-        named = tuple(
-            dataclasses.replace(
-                q,
-                name=n,
-                feature_names=tuple(virtual_feature(f, n) for f in t.feature_names or (t.name,)),
-            )
-            for q, n in zip(o.parts, s.parts, strict=True)
-        )
-        out.append(dataclasses.replace(o, parts=named, plan_names=s.parts))
+            o = _column_slices(t, s.ranges, s.parts)
+        out.append(dataclasses.replace(o, plan_names=s.parts))
     return out
 
 

@@ -21,13 +21,13 @@ and times fewer rows than the batch where the largest set would hold more than `
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sparselift.profiler.access import Capture, TableMeta
+from sparselift.profiler.transform_cost import device_sync
 
 if TYPE_CHECKING:
     from sparselift.plans.rewrite import Layout
@@ -102,7 +102,7 @@ def time_recombine(
     # output, its gradient and the parts' sums (W each)
     per_row = FLOAT_BYTES * 7 * written_w
     rows = max(1, min(batch, BYTES_MAX // per_row))
-    sync = _sync(device)
+    sync = device_sync(device)
     out = RankRecombine(rank=rank, device=device.type, rows=rows, repeats=repeats)
     counts = split_counts(len(pooled))
     best: dict[int, float] = {}
@@ -201,9 +201,3 @@ def layout_of(tables: list[TableMeta], k: int) -> tuple[list[str], list[int], La
             for f in t.features
         ]
     return keys, lengths, tuple(layout)
-
-
-def _sync(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None

@@ -105,7 +105,7 @@ def time_transform(
     if not jobs:
         return None
     device = jobs[0].kjt.values().device
-    sync = _sync(device)
+    sync = device_sync(device)
 
     def timed(transform: Any, kjt: Any) -> float:
         transform(kjt)  # untimed: builds the routes (once per plan in the loader)
@@ -171,7 +171,8 @@ def transform_record(timings: list[RankTransform | None]) -> dict[str, Any] | No
     )
 
 
-def _sync(device: torch.device) -> Callable[[], None]:
+def device_sync(device: torch.device) -> Callable[[], None]:
+    """What waits for `device`'s queued work before a clock is read (nothing on CPU)."""
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
     return lambda: None
