@@ -2,7 +2,8 @@
 
 The first section is the verdict (what was shipped and why), then what each iteration predicted
 and measured (the model's error on the plans it chose), the joint calibration's leave-one-out
-checks, the A/B rounds, and the two plans side by side (`analysis.views.plan_sections`).
+checks, the A/B rounds, and the two plans side by side (`analysis.views.plan_sections`: with
+the candidate's splits, when it has any, and each plan's collectives per step).
 """
 
 from __future__ import annotations

@@ -150,6 +150,8 @@ plan-diff-bench-other | plan diff {rr} {rr} --bench {other} | not a bench result
 plan-diff-bench-no-contenders | plan diff {rr} {rr} --bench {newer} | not a bench result
 plan-diff-html-file-parent | plan diff {rr} {rr} --html {blocker}/d.html | {blocker} $NOTDIR
 plan-diff-html-no-parent | plan diff {rr} {rr} --html {tmp}/no/d.html | $CW {tmp}/no/d.html
+plan-show-html-file-parent | plan show {rr} --html {blocker}/s.html | {blocker} $NOTDIR
+plan-show-html-no-parent | plan show {rr} --html {tmp}/no/s.html | $CW {tmp}/no/s.html
 plan-from-torchrec-batch-size-zero | $FT --batch-size 0 $OUT | --batch-size
 plan-from-torchrec-batch-size-huge | $FT --batch-size 1099511627776 $OUT | --batch-size
 

@@ -25,6 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     q = psub.add_parser("show", help="per-table and per-rank view of a plan")
     q.add_argument("plan")
+    q.add_argument(
+        "--html",
+        default=None,
+        metavar="OUT",
+        help="also write a self-contained HTML report of the plan (placement, splits, collectives)",
+    )
     q.set_defaults(run=run_show, command="plan show")
 
     q = psub.add_parser(
@@ -159,11 +165,32 @@ def _provenance(args: argparse.Namespace, how: str) -> dict[str, Any]:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    """Print the per-table and per-rank view of a plan; 0, or PlanError if it is bad."""
+    """Print the per-table and per-rank view of a plan (and write --html: that view, then the
+    sections `plan diff --html` shows, of this one plan); 0.
+
+    Raises:
+        PlanError: the plan is bad.
+        UserError: an unwritable --html, refused before the plan is read.
+    """
+    from sparselift.atomic import check_writable
     from sparselift.plans import load
     from sparselift.plans.render import show
 
-    print(show(load(args.plan)))
+    if args.html:
+        check_writable(args.html)
+    plan = load(args.plan)
+    text = show(plan)
+    print(text)
+    if args.html:
+        from sparselift.analysis.report import write_report
+        from sparselift.analysis.views import plan_label, plan_sections
+
+        write_report(
+            args.html,
+            f"Plan: {args.plan}",
+            [("Plan", text)] + plan_sections({plan_label(args.plan): plan}),
+        )
+        print(f"wrote {args.html}")
     return 0
 
 

@@ -134,10 +134,21 @@ def show(plan: Plan) -> str:
 STATISTICS_SHOWN = 10  # tables `show` lists of a plan's statistics digest; the file has them all
 
 
-def collective_types(plan: Plan) -> list[str]:
+def collective_types(plan: Plan, with_splits: bool = True) -> list[str]:
     """The model-parallel sharding types of the plan's tables, in plan order: TorchRec runs one
-    input all-to-all and one output all-to-all (forward, and its gradient backward) per type."""
-    return list(dict.fromkeys(t.sharding_type for t in plan.tables if t.sharding_type != DP))
+    input all-to-all and one output all-to-all (forward, and its gradient backward) per type.
+
+    Args:
+        plan: the plan.
+        with_splits: False: of the tables no split made only (its splits' parts left out), so
+            that the difference from the full list is the pairs the splits add.
+    """
+    parts = set() if with_splits else {name for s in plan.splits for name in s.parts}
+    return list(
+        dict.fromkeys(
+            t.sharding_type for t in plan.tables if t.sharding_type != DP and t.name not in parts
+        )
+    )
 
 
 def collectives_line(plan: Plan) -> str:
@@ -151,20 +162,26 @@ def collectives_line(plan: Plan) -> str:
     )
 
 
+def hot_share(plan: Plan, table: str) -> float | None:
+    """The share of `table`'s lookups its hot part serves, as the plan's prediction recorded it
+    (`predicted["splits"]`, written by `optimize`); None if not recorded."""
+    share = (((plan.predicted or {}).get("splits") or {}).get(table) or {}).get("hot_share")
+    return float(share) if isinstance(share, (int, float)) and not isinstance(share, bool) else None
+
+
 def split_lines(plan: Plan) -> list[str]:
     """The plan's splits for people, one line each ([] without splits); a hot/cold split's
     share of lookups where the plan's prediction records it."""
     if not plan.splits:
         return []
     lines = ["", "splits (virtual tables)"]
-    shares = (plan.predicted or {}).get("splits") or {}
     for s in plan.splits:
         if s.kind == "hot_cold":
-            what = f"{len(s.hot_ids):,} hot rows in {s.parts[0]}, the rest in {s.parts[1]}"
-            share = (shares.get(s.table) or {}).get("hot_share")
-            if isinstance(share, (int, float)):
-                rows = f"{len(s.hot_ids):,} hot rows ({share:.0%} of lookups)"
-                what = f"{rows} in {s.parts[0]}, the rest in {s.parts[1]}"
+            share = hot_share(plan, s.table)
+            rows = f"{len(s.hot_ids):,} hot rows" + (
+                f" ({share:.0%} of lookups)" if share is not None else ""
+            )
+            what = f"{rows} in {s.parts[0]}, the rest in {s.parts[1]}"
         else:
             word = "rows" if s.kind == "row_ranges" else "cols"
             what = ", ".join(
