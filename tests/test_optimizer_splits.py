@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from plans_helpers import train_as_planned
+from split_helpers import BATCH, split_coeffs, split_hot_ids, split_tables
 
 from sparselift import plans
 from sparselift.errors import UserError
@@ -38,37 +39,6 @@ from sparselift.optimizer.topology import preset
 from sparselift.profiler.hot_ids import HotIds
 
 FIXTURES = Path(__file__).parent / "fixtures"
-BATCH = 512
-
-
-def _hot_ids(table: str, rows: int, hot_rows: int, hot_share: float) -> HotIds:
-    """`hot_rows` ids (every 7th row) taking `hot_share` of 1,000,000 lookups, hottest first."""
-    lookups = 1_000_000
-    weights = 1.0 / np.arange(1, hot_rows + 1)
-    counts = np.maximum(1, np.floor(weights / weights.sum() * hot_share * lookups)).astype(np.int64)
-    ids = (np.arange(hot_rows, dtype=np.int64) * 7) % rows
-    return HotIds(table, ids, counts, lookups, hot_rows + 50_000, rows, capped=False)
-
-
-def _tables() -> list[TableStats]:
-    """One heavy multi-hot table whose lookups pile up on its owner, and four light ones."""
-    heavy = TableStats("heavy", 200_000, 64, 120.0, zipf_alpha=1.2, feature_names=("f_heavy",))
-    light = [
-        TableStats(f"t{i}", 5_000, 64, 2.0, zipf_alpha=1.05, feature_names=(f"f{i}",))
-        for i in range(4)
-    ]
-    return [heavy, *light]
-
-
-def _coeffs(topo, transform_b_s: float, recombine_b_s: float = 1e-12):
-    """The CPU preset with the split model's costs measured: the batch transform at
-    `transform_b_s` per id, the recombination at `recombine_b_s` per pooled element."""
-    c = from_topology(topo, dense_step_s=0.01).replace(
-        batch_transform=Linear(20e-6, transform_b_s), recombine_b_s=recombine_b_s
-    )
-    return c.with_evidence(MEASURED, "test", ("batch_transform", "recombine_b_s"))
-
-
 def _best_per_way(stats, opts, model) -> dict[tuple[str, ...], float]:
     """The optimal step of every way of running the split table, each solved on its own."""
     wide = PlanWide()
@@ -95,9 +65,9 @@ def _best_per_way(stats, opts, model) -> dict[tuple[str, ...], float]:
 )
 def test_a_split_is_chosen_exactly_when_the_model_says_it_pays(transform_b_s, recombine_b_s, pays):
     topo = preset("cpu-gloo", 2)
-    stats = _tables()
-    model = CostModel(topo, BATCH, _coeffs(topo, transform_b_s, recombine_b_s))
-    hot = {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)}
+    stats = split_tables()
+    model = CostModel(topo, BATCH, split_coeffs(topo, transform_b_s, recombine_b_s))
+    hot = {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)}
     opts = {k: v for k, v in split_options(stats, 2, hot).items() if k == "heavy"}
     assert [o.kind for o in opts["heavy"]].count("hot_cold") >= 2  # several hot sizes offered
     best = _best_per_way(stats, opts, model)
@@ -116,9 +86,9 @@ def test_a_split_is_chosen_exactly_when_the_model_says_it_pays(transform_b_s, re
 
 def test_the_optimizers_split_plan_is_a_valid_format_2_plan_and_repeats_byte_for_byte():
     topo = preset("cpu-gloo", 2)
-    stats = _tables()
-    coeffs = _coeffs(topo, 1e-12)
-    hot = {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)}
+    stats = split_tables()
+    coeffs = split_coeffs(topo, 1e-12)
+    hot = {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)}
     docs = []
     for _ in range(2):
         inp = Inputs(stats, topo, BATCH, coeffs, splits=split_options(stats, 2, hot))
@@ -137,9 +107,9 @@ def test_the_optimizers_split_plan_is_a_valid_format_2_plan_and_repeats_byte_for
 
 def test_parts_only_take_the_sharding_types_their_split_allows():
     topo = preset("cpu-gloo", 4)
-    stats = _tables()
-    model = CostModel(topo, BATCH, _coeffs(topo, 1e-12))
-    opts = split_options(stats, 4, {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)})
+    stats = split_tables()
+    model = CostModel(topo, BATCH, split_coeffs(topo, 1e-12))
+    opts = split_options(stats, 4, {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)})
     classes = part_classes(model, opts, PlanWide())
     for o in opts["heavy"]:
         for part, allowed in zip(o.parts, o.sharding_types, strict=True):
@@ -153,8 +123,8 @@ def test_parts_only_take_the_sharding_types_their_split_allows():
 
 
 def test_stale_hot_ids_are_refused_naming_the_table():
-    stats = _tables()
-    hot = {"heavy": _hot_ids("heavy", 150_000, 1_000, 0.5)}  # recorded at another size
+    stats = split_tables()
+    hot = {"heavy": split_hot_ids("heavy", 150_000, 1_000, 0.5)}  # recorded at another size
     with pytest.raises(UserError, match=r"table 'heavy'.*150,000 rows.*200,000"):
         split_options(stats, 2, hot)
 
@@ -220,9 +190,9 @@ def test_a_split_plan_is_priced_again_as_it_was_planned_and_seeds_a_new_solve():
     from sparselift.optimizer.predict import predict_plan
 
     topo = preset("cpu-gloo", 2)
-    stats = _tables()
-    coeffs = _coeffs(topo, 1e-12)
-    hot = {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)}
+    stats = split_tables()
+    coeffs = split_coeffs(topo, 1e-12)
+    hot = {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)}
     inp = Inputs(stats, topo, BATCH, coeffs, splits=split_options(stats, 2, hot))
     res = optimize(inp, time_limit_s=20, min_gain=0.0)
     assert res.plan.splits
@@ -237,10 +207,10 @@ def test_parts_are_risky_choices_until_the_split_models_costs_are_measured():
     from sparselift.optimizer.robust import robust_problem
 
     topo = preset("cpu-gloo", 2)
-    stats = _tables()
-    opts = split_options(stats, 2, {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)})
+    stats = split_tables()
+    opts = split_options(stats, 2, {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)})
     # measured: the split model's costs and the data-parallel all-reduce (a hot part's class)
-    measured = _coeffs(topo, 1e-9).with_evidence(MEASURED, "test", ("dp_allreduce",))
+    measured = split_coeffs(topo, 1e-9).with_evidence(MEASURED, "test", ("dp_allreduce",))
     for coeffs, risky in ((from_topology(topo, 0.01), True), (measured, False)):
         model = CostModel(topo, BATCH, coeffs)
         classes = {
@@ -291,10 +261,10 @@ def test_what_if_16_bit_is_not_taken_for_a_split_plan_torchrec_cannot_rate():
     """Unprofiled hardware and 16 bits that the model says pay: TorchRec's estimator must agree,
     and it cannot price virtual tables, so a plan with splits keeps fp32."""
     topo = preset("cpu-gloo", 2)
-    stats = _tables()
-    cheap = _coeffs(topo, 1e-12).replace(quantize_b_s=0.0)  # 16 bits priced as free
+    stats = split_tables()
+    cheap = split_coeffs(topo, 1e-12).replace(quantize_b_s=0.0)  # 16 bits priced as free
     cheap = dataclasses.replace(cheap, evidence=from_topology(topo).evidence)  # all assumed
-    hot = {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)}
+    hot = {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)}
     inp = Inputs(stats, topo, BATCH, cheap, splits=split_options(stats, 2, hot))
     res = optimize(inp, time_limit_s=20, min_gain=0.0, two_models=False)
     assert any("comm precision" in n and "TorchRec's estimator" in n for n in res.notes)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from plans_helpers import round_robin
-from test_optimizer_splits import BATCH, _coeffs, _hot_ids, _tables
+from split_helpers import BATCH, split_coeffs, split_hot_ids, split_tables
 from test_plans_virtual import split_plan
 
 from sparselift import plans
@@ -32,9 +32,9 @@ def split_file(tmp_path_factory) -> Path:
     """The optimizer's plan with `heavy` hot/cold, its cold part made row-wise over both ranks
     (a sharding type no other table has, so the split adds an all-to-all pair)."""
     topo = preset("cpu-gloo", 2)
-    stats = _tables()
-    hot = {"heavy": _hot_ids("heavy", 200_000, 4_000, 0.8)}
-    inp = Inputs(stats, topo, BATCH, _coeffs(topo, 1e-12), splits=split_options(stats, 2, hot))
+    stats = split_tables()
+    hot = {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)}
+    inp = Inputs(stats, topo, BATCH, split_coeffs(topo, 1e-12), splits=split_options(stats, 2, hot))
     doc = optimize(inp, time_limit_s=20, min_gain=0.0).plan.to_dict()
     (cold,) = [t for t in doc["tables"] if t["name"] == "heavy__cold"]
     rows, dim = cold["shards"][0]["sizes"]
