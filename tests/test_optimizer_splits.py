@@ -39,6 +39,8 @@ from sparselift.optimizer.topology import preset
 from sparselift.profiler.hot_ids import HotIds
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
 def _best_per_way(stats, opts, model) -> dict[tuple[str, ...], float]:
     """The optimal step of every way of running the split table, each solved on its own."""
     wide = PlanWide()

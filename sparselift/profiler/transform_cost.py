@@ -235,14 +235,15 @@ def _split_sets(job: _Job) -> list[list[TableMeta]]:
 
 
 def _route_bytes(chosen: list[TableMeta], hot: dict[str, tuple[int, ...]]) -> int:
-    """About what the transform's routes of `chosen` hold (`transform._make_route`)."""
-    from sparselift.plans.transform import LOOKUP_TABLE_MAX_ROWS
+    """About what the transform's routing tables of `chosen` hold (`routing.build_tables`: one
+    per table, whatever its features)."""
+    from sparselift.plans.routing import LOOKUP_TABLE_MAX_ROWS
 
     total = 0
     for t in chosen:
         dense = t.num_embeddings <= LOOKUP_TABLE_MAX_ROWS  # a table of every row, else the hot ids
         per = 8 * t.num_embeddings if dense else 16 * len(hot[t.name])
-        total += per * len(t.features)
+        total += per
     return total
 
 

@@ -1,0 +1,230 @@
+"""The routing of split features' ids to their parts, for `transform.BatchTransform`.
+
+The split features are routed in at most four groups (hot/cold by lookup table, hot/cold by
+binary search, row ranges in 2 parts, in more; column slices are only checked), each with a
+fixed number of vectorized ops over all of its ids, so that the cost of a batch does not grow
+with the number of split features: one range check against each id's table rows, one lookup that
+turns every id into a code (n_parts × its row in its part + its part) in one table that holds all
+of the group's tables at their own offsets, and one FBGEMM bucketize of the codes, which splits
+the ids by part, keeps each bag's order and counts each bag's ids per part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from sparselift.plans.types import Split, TableFingerprint
+
+# Up to this many rows a hot/cold split looks ids up in a table of every row (8 bytes a row for
+# int64 ids, 4 for int32; one per table, not per feature); beyond, in the sorted hot ids (a
+# binary search per id).
+LOOKUP_TABLE_MAX_ROWS = 1 << 21
+
+HOT_TABLE, HOT_SEARCH, RANGES_2, RANGES_N, COLUMNS = (
+    "hot_table", "hot_search", "ranges_2", "ranges_n", "columns"
+)  # fmt: skip
+ROUTED = (HOT_TABLE, HOT_SEARCH, RANGES_2, RANGES_N)  # the groups with streams of their own
+
+
+@dataclasses.dataclass
+class Group:
+    """The split features of one input key order that are routed alike, in input order.
+
+    `params[k]` is what feature k's ids need: its table's offset in the group's lookup space, or
+    (RANGES_2) its table's boundary row. Part p of feature k is member p * len(features) + k of
+    stream `stream` (`Stream`).
+    """
+
+    kind: str
+    features: list[int]  # input indices
+    runs: list[tuple[int, int]]  # the features as runs [a, b) of consecutive input indices
+    params: list[int]
+    rows1: list[int]  # per feature: its table's rows - 1
+    n_parts: int
+    stream: int = 0
+
+
+@dataclasses.dataclass
+class Tables:
+    """Every split table's routing data in one tensor per group kind, on one device."""
+
+    lut: torch.Tensor  # HOT_TABLE: each row of each table (at its offset) as its code (ids' dtype)
+    hot_keys: torch.Tensor  # HOT_SEARCH: offset + hot id of every hot id, sorted
+    hot_rows: torch.Tensor  # … and the hot row of each
+    starts: torch.Tensor  # RANGES_N: offset + first row of every range, sorted
+    part_of: torch.Tensor  # … and the part that range is
+
+
+@dataclasses.dataclass
+class Stream:
+    """Ids with their per-bag counts, feature after feature (`prefix`: each feature's start)."""
+
+    values: torch.Tensor
+    weights: torch.Tensor | None
+    counts: torch.Tensor
+    prefix: list[int]
+
+
+# --------------------------------------------------------------------------- the routing
+
+
+def per_id(per_feature: list[int], sizes: list[int], ids: torch.Tensor) -> torch.Tensor:
+    """Each id's entry of `per_feature` (its feature's), for features of `sizes` ids in order.
+
+    A cumulative sum of the changes at the features' first ids: two small copies and one pass.
+    """
+    at, last = 0, 0
+    starts, steps = [], []
+    for v, n in zip(per_feature, sizes, strict=True):
+        if n:
+            starts.append(at)
+            steps.append(v - last)
+            last = v
+        at += n
+    out = torch.zeros(ids.numel(), dtype=torch.int64, device=ids.device)
+    index = torch.tensor(starts, dtype=torch.int64, device=ids.device)
+    out[index] = torch.tensor(steps, dtype=torch.int64, device=ids.device)
+    return out.cumsum_(0)
+
+
+def any_outside(ids: torch.Tensor, rows1: torch.Tensor) -> bool:
+    """Whether any id lies outside 0..rows-1 of its table (`rows1`: rows - 1 per id, reused).
+
+    (rows - 1 - id) | id has its sign bit set exactly when id < 0 or id > rows - 1.
+    """
+    return bool(rows1.sub_(ids).bitwise_or_(ids).min() < 0)
+
+
+def id_codes(g: Group, tables: Tables, ids: torch.Tensor, per_id: torch.Tensor) -> torch.Tensor:
+    """Each id as n_parts * (its row in its part) + its part (`per_id`: its `Group.params`
+    entry, reused)."""
+    if g.kind == HOT_TABLE:
+        return torch.index_select(tables.lut, 0, per_id.add_(ids))
+    if g.kind == RANGES_2:
+        upper = ids >= per_id
+        return torch.where(upper, per_id.neg_().add_(ids).mul_(2).add_(1), ids.long() * 2)
+    key = per_id.add_(ids)  # the id in the group's lookup space
+    if g.kind == HOT_SEARCH:
+        cold = ids.long() * 2 + 1
+        n = tables.hot_keys.numel()
+        if n == 0:
+            return cold
+        pos = torch.searchsorted(tables.hot_keys, key).clamp_(max=n - 1)
+        hot = tables.hot_keys[pos] == key
+        return torch.where(hot, tables.hot_rows[pos] * 2, cold)
+    r = torch.searchsorted(tables.starts, key, right=True).sub_(1)
+    return key.sub_(tables.starts[r]).mul_(g.n_parts).add_(tables.part_of[r])
+
+
+def bucketed(
+    codes: torch.Tensor,
+    n_parts: int,
+    dtype: torch.dtype,
+    lens: torch.Tensor,
+    wts: torch.Tensor | None,
+    n_features: int,
+    stride: int,
+) -> Stream:
+    """The ids of `codes` part by part, each part feature by feature, bags in order: FBGEMM's
+    bucketize (bucket = code % n_parts, id = code // n_parts) keeps each bag's order."""
+    bucketize = torch.ops.fbgemm.bucketize_sparse_features
+    lens_c = lens.to(codes.dtype)
+    w32 = wts if wts is not None and wts.dtype == torch.float32 else None  # what FBGEMM takes
+    new_lens, new_ids, new_wts, _ = bucketize(lens_c, codes, False, n_parts, w32)
+    if wts is not None and w32 is None:  # other weights: by the positions, bucketized alike
+        at = torch.arange(codes.numel(), dtype=codes.dtype, device=codes.device)
+        new_wts = wts[bucketize(lens_c, at.mul_(n_parts).add_(codes % n_parts), False, n_parts)[1]]
+    per_feature = new_lens.view(n_parts * n_features, stride).sum(1).tolist()
+    prefix = [0]
+    for n in per_feature:
+        prefix.append(prefix[-1] + n)
+    return Stream(new_ids.to(dtype), new_wts, new_lens.to(lens.dtype), prefix)
+
+
+def slices(x: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
+    """`x[a:b]` for each of `bounds`, one after the other (a view for one slice)."""
+    parts = [x[a:b] for a, b in bounds]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def merge_blocks(blocks: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(stream, member) blocks as (stream, first, end): consecutive members in one slice."""
+    out: list[tuple[int, int, int]] = []
+    for s, k in blocks:
+        if out and out[-1][0] == s and out[-1][2] == k:
+            out[-1] = (s, out[-1][1], k + 1)
+        else:
+            out.append((s, k, k + 1))
+    return out
+
+
+# ------------------------------------------------------------------------ routing tables
+
+
+def layout(
+    model: list[TableFingerprint], splits: dict[str, Split]
+) -> tuple[dict[str, str], dict[str, int], dict[str, int]]:
+    """Per split table: its group kind, its per-id parameter, and its offset in its group's
+    lookup space (tables one after the other, in model order)."""
+    kind: dict[str, str] = {}
+    param: dict[str, int] = {}
+    offset: dict[str, int] = {}
+    space: dict[str, int] = {}
+    for t in model:
+        s = splits.get(t.name)
+        if s is None:
+            continue
+        if s.kind == "hot_cold":
+            k = HOT_TABLE if t.num_embeddings <= LOOKUP_TABLE_MAX_ROWS else HOT_SEARCH
+        elif s.kind == "row_ranges":
+            k = RANGES_2 if len(s.parts) == 2 else RANGES_N
+        else:
+            k = COLUMNS
+        kind[t.name] = k
+        offset[t.name] = space.get(k, 0)
+        space[k] = offset[t.name] + t.num_embeddings
+        param[t.name] = s.ranges[1][0] if k == RANGES_2 else offset[t.name]
+    return kind, param, offset
+
+
+def build_tables(
+    model: list[TableFingerprint],
+    splits: dict[str, Split],
+    kind: dict[str, str],
+    offset: dict[str, int],
+) -> Tables:
+    """The lookup table, sorted hot ids and range starts of every split table (see `Tables`),
+    on the CPU, all int64."""
+    lut_rows = sum(t.num_embeddings for t in model if kind.get(t.name) == HOT_TABLE)
+    lut = torch.empty(lut_rows, dtype=torch.int64)
+    keys, rows, starts, part_of = [], [], [], []
+    for t in model:
+        k, s = kind.get(t.name), splits.get(t.name)
+        if s is None:
+            continue
+        at = offset[t.name]
+        if k in (HOT_TABLE, HOT_SEARCH):
+            hot = torch.tensor(s.hot_ids, dtype=torch.int64)
+            order = torch.arange(len(hot), dtype=torch.int64)
+            if k == HOT_TABLE:
+                codes = torch.arange(t.num_embeddings, dtype=torch.int64) * 2 + 1  # cold
+                codes[hot] = order * 2
+                lut[at : at + t.num_embeddings] = codes
+            else:
+                by_id = torch.argsort(hot)
+                keys.append(hot[by_id] + at)
+                rows.append(order[by_id])
+        elif k == RANGES_N:
+            starts += [at + a for a, _ in s.ranges]
+            part_of += list(range(len(s.ranges)))
+
+    none = torch.zeros(0, dtype=torch.int64)
+    return Tables(
+        lut=lut,
+        hot_keys=torch.cat(keys) if keys else none,
+        hot_rows=torch.cat(rows) if rows else none,
+        starts=torch.tensor(starts, dtype=torch.int64),
+        part_of=torch.tensor(part_of, dtype=torch.int64),
+    )
