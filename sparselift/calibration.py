@@ -141,8 +141,13 @@ class Calibration:
         ops: the fit of each op kind present, by kind.
         dense_step_s: dense forward + backward + optimizer per step; None when not measured.
         provenance: where the calibration comes from.
-        pipeline_overlap: share of input_dist the sparse-dist pipeline hides; None (the usual
-            case: the analysis does not measure it) leaves the topology's.
+        pipeline_overlap: share of input_dist the sparse-dist pipeline hides; None (not
+            measured: it takes a profile of the plan under each pipeline) leaves the topology's.
+        pipeline_overhead_s: the sparse-dist pipeline's own cost per step, measured with the
+            overlap; None leaves the topology's (a calibration from before it was measured: its
+            overlap was fitted net of the topology's overhead).
+        pipeline_profiles: the base and the sparse-dist profile both were measured on ([] when
+            not measured, or not recorded).
         held_out: with several profiles, each one's leave-one-out prediction ([] otherwise).
     """
 
@@ -154,6 +159,8 @@ class Calibration:
     dense_step_s: float | None
     provenance: Provenance = field(default_factory=Provenance)
     pipeline_overlap: float | None = None
+    pipeline_overhead_s: float | None = None
+    pipeline_profiles: list[str] = field(default_factory=list)
     held_out: list[HeldOut] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,6 +178,10 @@ class Calibration:
         }
         if self.pipeline_overlap is not None:
             out["pipeline_overlap"] = self.pipeline_overlap
+        if self.pipeline_overhead_s is not None:
+            out["pipeline_overhead_s"] = self.pipeline_overhead_s
+        if self.pipeline_profiles:
+            out["pipeline_profiles"] = list(self.pipeline_profiles)
         if self.held_out:
             out["held_out"] = [dict(dataclasses.asdict(h), error=h.error) for h in self.held_out]
         return out
@@ -213,6 +224,8 @@ class Calibration:
             dense_step_s=_optional_number(doc, "dense_step_s", where),
             provenance=_provenance(prov or {}, where),
             pipeline_overlap=_optional_number(doc, "pipeline_overlap", where),
+            pipeline_overhead_s=_optional_number(doc, "pipeline_overhead_s", where),
+            pipeline_profiles=_strings(doc, "pipeline_profiles", where),
             held_out=_held_out(doc.get("held_out"), where),
         )
 
@@ -277,6 +290,16 @@ def _optional_number(doc: Mapping[str, Any], key: str, where: str, at: str = "")
     return float(v)
 
 
+def _strings(doc: Mapping[str, Any], key: str, where: str, at: str = "") -> list[str]:
+    """doc[key] as a list of strings; [] if absent or null; UserError if it is something else."""
+    v = doc.get(key)
+    if v is None:
+        return []
+    if not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+        raise UserError(f"{where}: {at}{key} must be a list of strings")
+    return list(v)
+
+
 def _op_fit(kind: Any, op: Any, where: str) -> OpFit:
     """One entry of `ops`, checked: numeric a_s and b_s, and the optional fields' types."""
     if not isinstance(op, Mapping) or not all(_is_number(op.get(k)) for k in ("a_s", "b_s")):
@@ -308,11 +331,7 @@ def _provenance(prov: Mapping[str, Any], where: str) -> Provenance:
     manifest = prov.get("manifest")
     if manifest is not None and not isinstance(manifest, dict):
         raise UserError(f"{where}: {at}manifest must be an object")
-    profiles = prov.get("profiles")
-    if profiles is not None and not (
-        isinstance(profiles, list) and all(isinstance(x, str) for x in profiles)
-    ):
-        raise UserError(f"{where}: {at}profiles must be a list of strings")
+    profiles = _strings(prov, "profiles", where, at)
     return Provenance(
         profile=_optional(prov, "profile", str, where, at),
         created_unix=_optional_number(prov, "created_unix", where, at),
@@ -320,7 +339,7 @@ def _provenance(prov: Mapping[str, Any], where: str) -> Provenance:
         samples=_optional(prov, "samples", int, where, at),
         step_time_s_median=_optional_number(prov, "step_time_s_median", where, at),
         step_time_s_min=_optional_number(prov, "step_time_s_min", where, at),
-        profiles=profiles or [],
+        profiles=profiles,
         steady_step_s_median=_optional_number(prov, "steady_step_s_median", where, at),
         profiler_inflation=_optional_number(prov, "profiler_inflation", where, at),
     )

@@ -67,3 +67,30 @@ class SlowPlan:
 
     def finish(self) -> dict:
         return {}
+
+
+DELAY_ENV = "SPARSELIFT_TEST_STEP_DELAY_S"  # seconds `DelayedProfile` adds to every step
+
+
+def DelayedProfile(ctx, **profile_args):
+    """The profiler's own hook (`sparselift.profiler.hook.make_hook`, with `sparselift profile`'s
+    arguments) on a run whose every step is made DELAY_ENV seconds slower on every rank: a
+    test-only, known per-step cost. The sleep is inside the pipeline's step, so inside both the
+    harness's timed step and the profiled step; no event covers it (the main thread is idle).
+    A test swaps it in for `sparselift.cli.profile.HOOK` and sets DELAY_ENV, which the launched
+    ranks inherit."""
+    import os
+    import time
+
+    from sparselift.profiler.hook import make_hook
+
+    delay_s = float(os.environ.get(DELAY_ENV, "0"))
+    pipeline = ctx.pipeline
+    progress = pipeline.progress
+
+    def slower(batches):
+        time.sleep(delay_s)
+        return progress(batches)
+
+    pipeline.progress = slower  # the harness steps `ctx.pipeline`, this very object
+    return make_hook(ctx, **profile_args)

@@ -240,3 +240,42 @@ def test_profiles_at_fp32_and_fp16_price_what_16_bits_cost():
     out16 = model.terms(t, tw, PlanWide(forward="fp16")).remote_intra.output_dist_fwd
     elems = model.counts(t, tw).remote_intra.out_fwd_intra / 4
     assert out16 - out32 == pytest.approx(net * elems, rel=0.05)
+
+
+def test_a_calibration_without_the_pipelines_overhead_loads_with_the_presets_assumed(tmp_path):
+    from sparselift.errors import UserError
+    from sparselift.optimizer.coefficients import coefficients
+    from sparselift.optimizer.robust import pipeline_measured
+    from sparselift.optimizer.topology import preset
+
+    topo = preset("cpu-gloo", 2, 2)
+    old = {
+        "format": "sparselift-calibration",
+        "version": 1,
+        "device": "cpu",
+        "ops": {},
+        "pipeline_overlap": 0.5,  # fitted net of the preset's overhead, before it was measured
+        "provenance": {"profile": "/p/base"},
+    }
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(old))
+    cal = Calibration.load(path)
+    assert cal.pipeline_overhead_s is None and cal.pipeline_profiles == []
+    k = coefficients(topo, cal)
+    assert k.pipeline_overhead_s == topo.pipeline_overhead_s
+    assert k.measured("pipeline_overlap") and not k.measured("pipeline_overhead_s")
+    assert k.evidence_dict()["pipeline_overhead_s"]["source"] == "assumed"
+    assert pipeline_measured(k)
+    # a two-pipeline calibration: both measured, from the two profiles, and the value used
+    new = dict(old, pipeline_overhead_s=2e-4, pipeline_profiles=["/p/base", "/p/sd"])
+    again = Calibration.from_dict(json.loads(Calibration.from_dict(new).to_bytes()))
+    assert again.pipeline_overhead_s == 2e-4 and again.pipeline_profiles == ["/p/base", "/p/sd"]
+    k2 = coefficients(topo, again)
+    assert k2.pipeline_overhead_s == 2e-4 != topo.pipeline_overhead_s
+    for name in ("pipeline_overlap", "pipeline_overhead_s"):
+        assert k2.evidence_dict()[name] == {"source": "measured", "from": "/p/base + /p/sd"}
+    assert pipeline_measured(k2)
+    with pytest.raises(UserError, match="pipeline_profiles must be a list of strings"):
+        Calibration.from_dict(dict(new, pipeline_profiles="/p/base"), str(path))
+    with pytest.raises(UserError, match="pipeline_overhead_s must be a number"):
+        Calibration.from_dict(dict(new, pipeline_overhead_s="1ms"), str(path))

@@ -5,10 +5,10 @@ what one profile cannot tell apart: a call's fixed cost from its size, the looku
 the share of input_dist the sparse-dist pipeline hides, what 16-bit collectives cost. The op
 kinds are fitted on every base-pipeline profile together (`fit.fit_evidence`), their output
 distributions at 16 bits apart (`precision_fit`); a sparse-dist profile is paired with the base
-profile of the same plan for the pipeline's overlap (`pipeline_overlap`). Each base profile
-is then predicted by the fit on the others (leave-one-out): how far the calibration carries to a
-plan it did not see. The batch transform and the recombination do not depend on the pipeline:
-each is fitted on every profile's timings, sparse-dist ones included.
+profile of the same plan for the pipeline's overlap and overhead (`pipeline_overlap`). Each base
+profile is then predicted by the fit on the others (leave-one-out): how far the calibration
+carries to a plan it did not see. The batch transform and the recombination do not depend on the
+pipeline: each is fitted on every profile's timings, sparse-dist ones included.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from sparselift.analysis.pipeline_overlap import (
     SPARSE_DIST,
     PipelineOverlap,
     fit_pipeline_overlap,
+    with_pipeline,
 )
 from sparselift.analysis.precision_fit import QCOMM, at_precision, fit_qcomm, split_by_precision
 from sparselift.analysis.recombine_fit import RECOMBINE
@@ -46,9 +47,9 @@ class JointFit:
 
     Attributes:
         calibration: the joint fit (its `held_out` filled in when there are ≥ 2 base profiles,
-            its `pipeline_overlap` when a sparse-dist profile has a base twin).
+            its pipeline overlap and overhead when a sparse-dist profile has a base twin).
         base: the profiles the op kinds were fitted on.
-        pipeline: the overlap fit, or None.
+        pipeline: the pipeline's fit, or None.
     """
 
     calibration: Calibration
@@ -107,19 +108,20 @@ def held_out(evidence: list[ProfileEvidence], i: int) -> HeldOut:
     return HeldOut(ev.profile, ev.target_s, predicted)
 
 
-def fit_jointly(analyses: Sequence[Analysis], pipeline_overhead_s: float | None = None) -> JointFit:
+def fit_jointly(analyses: Sequence[Analysis], cache: bool = True) -> JointFit:
     """One calibration from several analyzed profiles of the same job.
 
     Args:
         analyses: `pipeline.analyze` of each profile (at least one under the base pipeline);
             the first base profile names the calibration.
-        pipeline_overhead_s: the pipeline's per-step overhead the cost model charges (the
-            topology's), needed to fit the overlap when a sparse-dist profile is given.
+        cache: read and write the parsed-trace cache where a sparse-dist profile's traces are
+            read again (`pipeline_overlap.exposed_input_dist`).
     Returns:
         The JointFit.
     Raises:
         UserError: the profiles are of different jobs; none is under the base pipeline; a
-            sparse-dist profile has no base profile of the same plan; a profile is given twice.
+            sparse-dist profile has no base profile of the same plan, or is not one TorchRec's
+            way (`pipeline_overlap.fit_pipeline_overlap`); a profile is given twice.
     """
     paths = [a.calibration.provenance.profile or "" for a in analyses]
     if len(set(paths)) < len(paths):
@@ -139,16 +141,15 @@ def fit_jointly(analyses: Sequence[Analysis], pipeline_overhead_s: float | None 
         cal.ops[RECOMBINE] = rc
     if len(evidence) > 1:
         cal.held_out = [held_out(evidence, i) for i in range(len(evidence))]
-    overlap = _pipeline(base, sd, pipeline_overhead_s) if sd else None
+    overlap = _pipeline(base, sd, cache) if sd else None
     if overlap is not None:
-        cal.pipeline_overlap = overlap.overlap
+        cal = with_pipeline(cal, overlap)
     return JointFit(cal, tuple(ev.profile for ev in evidence), overlap)
 
 
-def _pipeline(
-    base: list[Analysis], sd: list[Analysis], overhead_s: float | None
-) -> PipelineOverlap:
-    """The overlap of the first sparse-dist profile against the base profile of its plan."""
+def _pipeline(base: list[Analysis], sd: list[Analysis], cache: bool) -> PipelineOverlap:
+    """The pipeline's fit of the first sparse-dist profile against the base profile of its
+    plan."""
     target = sd[0]
     twin = next(
         (a for a in base if a.manifest.get("sharding") == target.manifest.get("sharding")), None
@@ -159,11 +160,7 @@ def _pipeline(
             f"{where}: a {SPARSE_DIST} profile needs a base-pipeline profile of the same plan "
             "among the profiles given"
         )
-    if overhead_s is None:
-        raise UserError(f"{where}: the pipeline's overhead is needed to fit its overlap")
-    return fit_pipeline_overlap(
-        twin.calibration.provenance.profile or "", twin.critical_path, where or "", overhead_s
-    )
+    return fit_pipeline_overlap(twin, where or "", cache)
 
 
 def held_out_lines(joint: JointFit) -> list[str]:

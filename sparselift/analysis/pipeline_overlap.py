@@ -1,102 +1,259 @@
-"""What the sparse-dist pipeline hides, measured from two profiles of one plan under each pipeline.
+"""What the sparse-dist pipeline hides, and what it costs, measured from two profiles of one plan.
 
 TorchRec's TrainPipelineSparseDist runs the next batch's input distribution beside this step's
 compute. How much of it that hides depends on the hardware (on CPU there are no streams), so the
-share is a coefficient to measure, not to assume: profile the same plan under the base pipeline
-and under sparse-dist, and the difference of their steps, against the base profile's input_dist,
-is the share hidden (net of the pipeline's own per-step overhead, which the cost model adds back).
-On a shared host two profiles' steps differ by noise as much as by the pipeline, so the share the
-optimizer may count on is the one at the low end of a bootstrap interval of the steps' ratio
-(`compare.compare_profiles`): a saving within the noise is not measured to pay.
+share is a coefficient to measure, not to assume; and the pipeline's own per-step cost (its
+extra bookkeeping and copies) is another. Profile the same plan under the base pipeline and
+under sparse-dist; then two measurements tell them apart:
+
+* *hidden*: the base profile's input_dist per step on the critical path, less what of the
+  sparse-dist profile's input_dist still runs on its main thread. That part is read from the
+  sparse-dist trace itself: TorchRec wraps the pipelined input distribution in three annotations
+  (`PIPELINE_INPUT_DIST`: the launch of the next batch's splits, the wait for them that launches
+  its data all-to-alls, and the forward's wait for this batch's data), and with gloo the
+  transfers run on gloo's threads in between, so the main thread's time inside them is the
+  input_dist left exposed. (The graph's wait nodes cannot say it: a sparse-dist step's backward
+  runs while the next batch's all-to-all is in flight, and its waits are labelled with that.)
+* *overhead*: the step difference that hiding does not explain, sparse-dist step − base step
+  + hidden, never below 0.
+
+Window times (input_dist, its exposed part) are scaled to the steady step by each profile's
+profiler inflation, as the calibration's samples are (`evidence.scaled_to_steady`). On a shared
+host two profiles' steps differ by noise as much as by the pipeline, so the net saving the
+optimizer may count on (the overlap's share of input_dist less the overhead) is the step
+difference at the low end of a bootstrap interval of the steps' ratio
+(`compare.compare_profiles`), and never more than the trace shows hidden: a pipeline not
+measured faster is not chosen.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from sparselift.analysis.compare import check_same_job, compare_profiles
-from sparselift.analysis.profile import read_manifest
+from sparselift.analysis.evidence import window_inflation
+from sparselift.analysis.profile import open_profile, read_manifest
+from sparselift.analysis.stack import main_thread, step_windows
+from sparselift.analysis.trace import load_trace
+from sparselift.calibration import Calibration
 from sparselift.errors import UserError
+
+if TYPE_CHECKING:  # the pipeline module imports the analysis stages this one sits beside
+    from sparselift.analysis.pipeline import Analysis
 
 BASE, SPARSE_DIST = "TrainPipelineBase", "TrainPipelineSparseDist"
 CONFIDENCE = 0.9  # two-sided: the low end is exceeded with 95 % probability
+# TorchRec's annotations of the sparse-dist pipeline's input distribution on the main thread
+# (train_pipelines.py, runtime_forwards.py; `## start_sparse_data_dist 3 ##`)
+PIPELINE_INPUT_DIST = re.compile(
+    r"^## (start_sparse_data_dist|wait_sparse_data_dist|runtime_forward_assemble_KJT)\b"
+)
 
 
 @dataclass(frozen=True)
 class PipelineOverlap:
-    """The measured overlap and what it was computed from (seconds).
+    """The pipeline's measured overlap and overhead, and what they were computed from (seconds;
+    window times scaled to the steady step).
+
+    Measured: `hidden_s` (from both traces), `overhead_s` (from both profiles' steps and
+    `hidden_s`), and `overlap`, the coefficient the optimizer uses with `overhead_s`; the rest is
+    what they were computed from.
 
     Attributes:
-        overlap: share of the base profile's input_dist the sparse-dist pipeline is measured to
-            hide at CONFIDENCE (`share_low` limited to [0, 1]): what the optimizer may count on.
-        share: the share the median steps say, before limiting (below 0: the pipeline made the
-            step slower).
-        share_low: the share at the low end of the CONFIDENCE interval of the step ratio.
-        input_dist_s: the base profile's input_dist per step (slowest rank, median).
+        overlap: share of input_dist the optimizer may count on the pipeline hiding: `share_low`
+            limited to [0, 1]. overlap · input_dist − overhead is the net saving counted on.
+        share: (base step − sparse-dist step + overhead) ÷ input_dist, the medians' share
+            before limiting (below 0: the pipeline made the step slower).
+        share_low: the same with the step saving at the low end of the CONFIDENCE interval, and
+            the saving no more than hidden − overhead.
+        input_dist_s: the base profile's input_dist per step on the critical path (slowest
+            rank, median).
+        exposed_s: the sparse-dist profile's input_dist per step left on its main thread (the
+            slowest rank's time in `PIPELINE_INPUT_DIST`, median).
+        hidden_s: input_dist − exposed, limited to [0, input_dist].
+        overhead_s: sparse-dist step − base step + hidden, at least 0: what the pipeline costs
+            per step beyond what it hides.
         base_step_s, sparse_dist_step_s: median steady step of each profile (slowest rank;
             the profiled window's where too few steps were timed after it).
-        overhead_s: the pipeline's per-step overhead the fit assumed (the cost model's).
-        sparse_dist_profile: the sparse-dist profile directory.
+        saving_low_s, saving_high_s: the CONFIDENCE interval of base step − sparse-dist step.
+        base_profile, sparse_dist_profile: the two profile directories.
     """
 
     overlap: float
     share: float
     share_low: float
     input_dist_s: float
+    exposed_s: float
+    hidden_s: float
+    overhead_s: float
     base_step_s: float
     sparse_dist_step_s: float
-    overhead_s: float
+    saving_low_s: float
+    saving_high_s: float
+    base_profile: str
     sparse_dist_profile: str
+
+    @property
+    def profiles(self) -> list[str]:
+        """The two profiles, base first: where the overlap and overhead were measured."""
+        return [self.base_profile, self.sparse_dist_profile]
+
+
+def exposed_input_dist(profile: str | Path, cache: bool = True) -> pd.DataFrame:
+    """Per profiled step of a sparse-dist profile, the slowest rank's input_dist left on its
+    main thread: the time inside TorchRec's `PIPELINE_INPUT_DIST` annotations (overlaps merged).
+
+    Args:
+        profile: a TrainPipelineSparseDist profile directory.
+        cache: read and write the parsed-trace cache beside the traces.
+    Returns:
+        step, rank (the slowest, by ProfilerStep duration; the first of equals), step_s,
+        input_dist_s; one row per step, in step order.
+    Raises:
+        UserError: not a profile, a trace missing or bad, or no rank's steps hold any of the
+            annotations (not TorchRec's sparse-dist pipeline, or a TorchRec that names them
+            otherwise).
+    """
+    files = open_profile(profile)
+    rows = []
+    for rank, path in zip(files.ranks, files.paths, strict=True):
+        ev = load_trace(path, cache=cache).events
+        try:
+            thread = main_thread(ev)
+        except ValueError:
+            raise UserError(f"{path}: no ProfilerStep#N events (not a step trace)") from None
+        steps = step_windows(ev, thread)
+        on = ev[(ev["pid"] == thread.pid) & (ev["tid"] == thread.tid)]
+        marks = on[on["name"].str.match(PIPELINE_INPUT_DIST.pattern)]
+        for st in steps.itertuples():
+            rows.append((st.step, rank, st.dur_s, _inside(marks, st.start_us, st.end_us)))
+    out = pd.DataFrame(rows, columns=["step", "rank", "step_s", "input_dist_s"])
+    if not (out["input_dist_s"] > 0).any():
+        raise UserError(
+            f"{files.path}: no sparse-dist input_dist on any rank's main thread (TorchRec's "
+            "## start_sparse_data_dist ##, ## wait_sparse_data_dist ## and "
+            "## runtime_forward_assemble_KJT ## annotations): not a profile of that pipeline"
+        )
+    top = out.loc[out.groupby("step", sort=True)["step_s"].idxmax()]
+    return top.reset_index(drop=True)
+
+
+def _inside(marks: pd.DataFrame, t0: float, t1: float) -> float:
+    """Seconds of [t0, t1) (µs) covered by the events `marks` (ts, end), overlaps counted once."""
+    w = marks[(marks["end"] > t0) & (marks["ts"] < t1)]
+    if w.empty:
+        return 0.0
+    starts, ends = np.maximum(w["ts"], t0).tolist(), np.minimum(w["end"], t1).tolist()
+    spans = sorted(zip(starts, ends, strict=True))
+    total, (a, b) = 0.0, spans[0]
+    for x, y in spans[1:]:
+        if x > b:
+            total, a = total + (b - a), x
+        b = max(b, y)
+    return (total + (b - a)) * 1e-6
+
+
+def overlap_of(
+    input_dist_s: float,
+    exposed_s: float,
+    base_step_s: float,
+    sparse_dist_step_s: float,
+    saving_low_s: float,
+) -> tuple[float, float, float, float, float]:
+    """The pipeline's coefficients from what the two profiles measured (seconds).
+
+    Args:
+        input_dist_s: the base profile's input_dist per step (> 0).
+        exposed_s: the sparse-dist profile's input_dist left on its main thread.
+        base_step_s, sparse_dist_step_s: the two median steps.
+        saving_low_s: base step − sparse-dist step at the low end of their interval.
+    Returns:
+        (overlap, share, share_low, hidden_s, overhead_s) as `PipelineOverlap` defines them:
+        hidden limited to [0, input_dist], the overhead to ≥ 0, and the net saving counted on
+        (overlap · input_dist − overhead) no more than the interval's low end, nor than
+        hidden − overhead.
+    """
+    hidden = min(input_dist_s, max(0.0, input_dist_s - exposed_s))
+    saving = base_step_s - sparse_dist_step_s
+    overhead = max(0.0, hidden - saving)
+    net = min(saving_low_s, hidden - overhead)
+    share = (saving + overhead) / input_dist_s
+    share_low = (net + overhead) / input_dist_s
+    return min(1.0, max(0.0, share_low)), share, share_low, hidden, overhead
 
 
 def fit_pipeline_overlap(
-    base_profile: str | Path,
-    critical_path: pd.DataFrame,
-    sparse_dist_profile: str | Path,
-    overhead_s: float,
+    base: Analysis, sparse_dist_profile: str | Path, cache: bool = True
 ) -> PipelineOverlap:
-    """Fit the share of input_dist the sparse-dist pipeline hides.
+    """Measure the share of input_dist the sparse-dist pipeline hides, and its overhead.
 
     Args:
-        base_profile: a profile of the plan under the base pipeline.
-        critical_path: its analysis's critical path (`Analysis.critical_path`).
+        base: the analysis (`pipeline.analyze`) of a profile of the plan under the base
+            pipeline; its critical path gives input_dist, its evidence the profiler inflation.
         sparse_dist_profile: a profile of the same job and plan under sparse-dist.
-        overhead_s: the pipeline's per-step overhead the cost model charges.
+        cache: read and write the sparse-dist traces' parse cache.
     Returns:
-        The overlap (base step − sparse-dist step + overhead) ÷ input_dist, the steps' saving
-        taken at the interval's low end and the share limited to [0, 1]: a pipeline not measured
-        faster hides nothing, and it cannot hide more than all of it.
+        The PipelineOverlap (`overlap_of`).
     Raises:
-        UserError: the profiles are of different jobs or plans, or not of the two pipelines.
+        UserError: the profiles are of different jobs or plans, not of the two pipelines, the
+            base one has no input_dist on its critical path, or the sparse-dist one none of the
+            pipeline's input_dist annotations (`exposed_input_dist`).
     """
-    base, sd = Path(base_profile), Path(sparse_dist_profile)
-    check_same_job(base, sd)
-    mb, ms = read_manifest(base), read_manifest(sd)
+    b, sd = Path(base.calibration.provenance.profile or ""), Path(sparse_dist_profile)
+    check_same_job(b, sd)
+    mb, ms = read_manifest(b), read_manifest(sd)
     if mb.get("pipeline") != BASE or ms.get("pipeline") != SPARSE_DIST:
         raise UserError(
-            f"{base} and {sd}: need a {BASE} profile and a {SPARSE_DIST} one, got "
+            f"{b} and {sd}: need a {BASE} profile and a {SPARSE_DIST} one, got "
             f"{mb.get('pipeline')} and {ms.get('pipeline')}"
         )
     if mb.get("sharding") != ms.get("sharding"):
-        raise UserError(f"{base} and {sd} profile different plans (their sharding differs)")
-    per_step = critical_path[critical_path["kind"] == "input_dist"].groupby("step")["total_s"].sum()
+        raise UserError(f"{b} and {sd} profile different plans (their sharding differs)")
+    cp = base.critical_path
+    per_step = cp[cp["kind"] == "input_dist"].groupby("step")["total_s"].sum()
     if per_step.empty or float(per_step.median()) <= 0:
-        raise UserError(f"{base}: no input_dist on the critical path to measure an overlap on")
-    input_dist = float(per_step.median())
-    verdict = compare_profiles(base, sd, confidence=CONFIDENCE)
+        raise UserError(f"{b}: no input_dist on the critical path to measure an overlap on")
+    input_dist = float(per_step.median()) / max(1.0, base.evidence.inflation or 1.0)
+    exposed = exposed_input_dist(sd, cache)
+    steady = window_inflation(ms, exposed["step_s"])
+    exposed_s = statistics.median(exposed["input_dist_s"]) / max(1.0, steady[1] if steady else 1.0)
+    verdict = compare_profiles(b, sd, confidence=CONFIDENCE)
     step_b, step_s = verdict.baseline.median_s, verdict.candidate.median_s
-    share = (step_b - step_s + overhead_s) / input_dist
-    share_low = (step_b - step_b / verdict.low + overhead_s) / input_dist
+    low, high = step_b - step_b / verdict.low, step_b - step_b / verdict.high
+    overlap, share, share_low, hidden, overhead = overlap_of(
+        input_dist, exposed_s, step_b, step_s, low
+    )
     return PipelineOverlap(
-        overlap=min(1.0, max(0.0, share_low)),
+        overlap=overlap,
         share=share,
         share_low=share_low,
         input_dist_s=input_dist,
+        exposed_s=exposed_s,
+        hidden_s=hidden,
+        overhead_s=overhead,
         base_step_s=step_b,
         sparse_dist_step_s=step_s,
-        overhead_s=overhead_s,
+        saving_low_s=low,
+        saving_high_s=high,
+        base_profile=str(b),
         sparse_dist_profile=str(sd),
+    )
+
+
+def with_pipeline(cal: Calibration, fit: PipelineOverlap) -> Calibration:
+    """`cal` carrying the pipeline's measured overlap and overhead, and the two profiles they
+    were measured on."""
+    return dataclasses.replace(
+        cal,
+        pipeline_overlap=fit.overlap,
+        pipeline_overhead_s=fit.overhead_s,
+        pipeline_profiles=fit.profiles,
     )

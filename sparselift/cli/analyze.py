@@ -4,18 +4,20 @@ line. Several profiles of one job are calibrated together (`analysis.joint`)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from sparselift.analysis.findings import key_findings
 from sparselift.analysis.joint import JointFit, check_one_job, fit_jointly, held_out_lines
 from sparselift.analysis.pipeline import OUTPUTS, Analysis, analyze, check_output_dir, write_outputs
-from sparselift.analysis.pipeline_overlap import PipelineOverlap, fit_pipeline_overlap
+from sparselift.analysis.pipeline_overlap import (
+    PipelineOverlap,
+    fit_pipeline_overlap,
+    with_pipeline,
+)
 from sparselift.analysis.summary import format_summary
 from sparselift.atomic import check_writable
 from sparselift.calibration import Calibration
 from sparselift.errors import UserError
-from sparselift.optimizer.topology import profiled_topology
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="DIR2",
         help="a profile of the same plan under the sparse-dist pipeline (DIR under the base one): "
-        "calibrate the share of input_dist that pipeline hides",
+        "calibrate the share of input_dist that pipeline hides and its overhead per step",
     )
     p.add_argument(
         "--workers",
@@ -75,16 +77,24 @@ def calibration_line(cal: Calibration) -> str:
     return f"calibration: {fits}; dense_step {dense}"
 
 
-def _overhead_s(a: Analysis, args: argparse.Namespace) -> float:
-    """The pipeline's per-step overhead the cost model charges on the profiled hardware."""
-    return profiled_topology(a.calibration.to_dict(), args.dir).pipeline_overhead_s
+def pipeline_line(fit: PipelineOverlap) -> str:
+    """What the pipeline's fit measured, in one line (milliseconds)."""
+    saving = fit.base_step_s - fit.sparse_dist_step_s
+    return (
+        f"pipeline: sparse-dist hides {fit.hidden_s * 1e3:.2f} ms of input_dist's "
+        f"{fit.input_dist_s * 1e3:.2f} ms ({fit.exposed_s * 1e3:.2f} ms left on its main "
+        f"thread) at an overhead of {fit.overhead_s * 1e3:.2f} ms per step (both measured); step "
+        f"{fit.base_step_s * 1e3:.2f} ms base, {fit.sparse_dist_step_s * 1e3:.2f} ms sparse-dist "
+        f"in {fit.sparse_dist_profile}, saving {saving * 1e3:.2f} ms "
+        f"({fit.saving_low_s * 1e3:.2f} to {fit.saving_high_s * 1e3:.2f} ms); overlap counted "
+        f"on {fit.overlap:.0%} (medians say {fit.share:.0%}, the interval's low end "
+        f"{fit.share_low:.0%})"
+    )
 
 
 def _pipeline_fit(a: Analysis, args: argparse.Namespace) -> PipelineOverlap:
-    """The overlap measured against `--pipeline-profile`, net of the preset's overhead."""
-    return fit_pipeline_overlap(
-        args.dir, a.critical_path, args.pipeline_profile, _overhead_s(a, args)
-    )
+    """The pipeline's overlap and overhead measured against `--pipeline-profile`."""
+    return fit_pipeline_overlap(a, args.pipeline_profile, cache=not args.no_cache)
 
 
 def _analyze(d: str, args: argparse.Namespace) -> Analysis:
@@ -101,7 +111,7 @@ def _analyze(d: str, args: argparse.Namespace) -> Analysis:
 def _joint(a: Analysis, args: argparse.Namespace) -> JointFit:
     """The calibration fitted on DIR and every further profile together."""
     others = [_analyze(d, args) for d in args.more]
-    return fit_jointly([a, *others], _overhead_s(a, args))
+    return fit_jointly([a, *others], cache=not args.no_cache)
 
 
 def run_analyze(args: argparse.Namespace) -> int:
@@ -126,7 +136,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     if fit is None and joint is not None:
         fit = joint.pipeline
     if fit is not None:
-        a.calibration = dataclasses.replace(a.calibration, pipeline_overlap=fit.overlap)
+        a.calibration = with_pipeline(a.calibration, fit)
     write_outputs(a, out)
     print(key_findings(a.summary, a.critical_path, a.nodes))
     print(format_summary(a.summary, a.critical_path))
@@ -138,13 +148,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     if joint is not None:
         print("\n".join(held_out_lines(joint)))
     if fit is not None:
-        print(
-            f"pipeline: sparse-dist hides {fit.overlap:.0%} (medians say {fit.share:.0%}, the "
-            f"interval's low end {fit.share_low:.0%}) of input_dist's "
-            f"{fit.input_dist_s * 1e3:.2f} ms (step {fit.base_step_s * 1e3:.2f} ms base, "
-            f"{fit.sparse_dist_step_s * 1e3:.2f} ms sparse-dist in {fit.sparse_dist_profile}; "
-            f"overhead {fit.overhead_s * 1e3:.2f} ms assumed)"
-        )
+        print(pipeline_line(fit))
     print(f"wrote {', '.join(OUTPUTS)} to {out}")
     if args.html:
         # deferred: HoloViews and Bokeh take seconds to import, and only the report needs them

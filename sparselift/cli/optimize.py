@@ -163,13 +163,9 @@ def _joint_calibration(profiles: list[str]) -> dict[str, Any]:
     """
     from sparselift.analysis.joint import check_one_job, fit_jointly, held_out_lines
     from sparselift.analysis.pipeline import analyze
-    from sparselift.optimizer.topology import profiled_topology
 
     check_one_job(profiles)
-    analyses = [analyze(p) for p in profiles]
-    first = analyses[0]
-    overhead = profiled_topology(first.calibration.to_dict(), profiles[0]).pipeline_overhead_s
-    joint = fit_jointly(analyses, overhead)
+    joint = fit_jointly([analyze(p) for p in profiles])
     print("\n".join(held_out_lines(joint)))
     return joint.calibration.to_dict()
 

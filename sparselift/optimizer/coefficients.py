@@ -1,8 +1,9 @@
 """Cost coefficients: duration ≈ a_s + b_s·x per op kind, from a calibration or a preset.
 
 A calibration (`sparselift.calibration`, written by `sparselift analyze`) fits op kinds on the
-profiled device; the topology preset supplies the rest (inter-host bytes, UVM reads, quantization,
-pipeline overhead) and everything when planning for hardware that was never profiled. Calibrated
+profiled device (and, from a plan profiled under each pipeline, the sparse-dist pipeline's overlap
+and overhead); the topology preset supplies the rest (inter-host bytes, UVM reads, quantization)
+and everything when planning for hardware that was never profiled. Calibrated
 coefficients carry over by op kind only to a topology of the same device kind.
 
 Every coefficient carries its evidence (`Coefficients.evidence`): *measured* (from which profile)
@@ -71,7 +72,7 @@ class Coefficients:
     quantize_b_s: float  # seconds per element quantized or dequantized (qcomm)
     dp_overlap: float  # share of the DP allreduce hidden behind backward
     pipeline_overlap: float  # share of input_dist the sparse-dist pipeline hides
-    pipeline_overhead_s: float
+    pipeline_overhead_s: float  # the sparse-dist pipeline's own cost per step
     dense_step_s: float  # dense forward+backward+optimizer per step (a constant of the plan)
     source: str  # "preset <name>" or the calibration path
     lookup_unit: LookupUnit = KERNEL_UNIT  # CPU lookups' work unit (κ, μ) the lookup fits count
@@ -224,6 +225,10 @@ def coefficients(
         Coefficients whose `source` is the calibration's profiles (" + " between several fitted
         together; or "calibration"); what the calibration replaced is marked measured from it
         (an op kind with its fixed sync cost), the rest stays assumed from the preset. The
+        sparse-dist pipeline's overlap and overhead are measured from the two profiles they
+        were fitted on (`Calibration.pipeline_profiles`); a calibration with an overlap but no
+        overhead (made before the overhead was measured) keeps the preset's overhead, assumed:
+        its overlap was fitted net of it. The
         inter-host per-byte cost is measured from a profile of several one-rank hosts (the
         dearest of its distributions' per-byte fits: every byte crossed hosts), else only where
         the measured intra-host one raised it.
@@ -263,6 +268,8 @@ def coefficients(
         kw["dp_overlap"] = min(1.0, max(0.0, dp.overlap))
     if cal.pipeline_overlap is not None:
         kw["pipeline_overlap"] = min(1.0, max(0.0, cal.pipeline_overlap))
+    if cal.pipeline_overhead_s is not None:  # measured with the overlap (else the preset's)
+        kw["pipeline_overhead_s"] = max(0.0, cal.pipeline_overhead_s)
     unit = lookup_unit({k: f for k, f in cal.ops.items() if k in kw})
     if unit != KERNEL_UNIT:
         kw["lookup_unit"] = unit
@@ -286,7 +293,13 @@ def coefficients(
         else "calibration"
     )
     measured = base.replace(source=origin, **kw).with_evidence(MEASURED, origin, tuple(kw))
+    piped = tuple(k for k in PIPELINE_NAMES if k in kw)
+    if piped and cal.pipeline_profiles:  # measured on the plan's two profiles, one per pipeline
+        measured = measured.with_evidence(MEASURED, " + ".join(cal.pipeline_profiles), piped)
     return measured.replace(profiled_types=profiled)
+
+
+PIPELINE_NAMES = ("pipeline_overlap", "pipeline_overhead_s")
 
 
 DIST_KINDS = ("input_dist", "output_dist_fwd", "output_dist_bwd")

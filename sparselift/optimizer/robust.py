@@ -76,9 +76,14 @@ def split_costs_measured(coeffs: Coefficients) -> bool:
 
 
 def pipeline_measured(coeffs: Coefficients) -> bool:
-    """Whether the sparse-dist pipeline's pay-off is measured: its overlap came from a profile.
+    """Whether the sparse-dist pipeline's pay-off is measured: its overlap came from profiles.
 
-    Calibrations do not measure the pipeline's overhead yet; the preset's stands for it.
+    The overlap is fitted on a plan profiled under each pipeline, with the pipeline's overhead
+    (`analysis.pipeline_overlap`): overlap · input_dist − overhead is the net saving those
+    profiles measured at the low end of its interval. A calibration carries the overhead it
+    measured, so both are measured; one made before the overhead was measured fitted its
+    overlap net of the preset's overhead, which then stands, and the net is still the measured
+    one. Either way the overlap's evidence is what says the pay-off was measured.
     """
     return coeffs.measured("pipeline_overlap")
 
