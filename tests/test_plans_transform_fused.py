@@ -290,3 +290,23 @@ def test_negative_ids_of_unsplit_features_pass_through():
     inp = kjt_of(keys, ids, None, torch.int64, torch.int64)
     out = BatchTransform(model, splits, "test")(inp)
     assert_matches_reference(out, inp, reference(model, splits, keys, ids, None))
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 3])
+def test_the_loader_yields_every_batch_in_order_and_fails_at_the_bad_one(ahead):
+    rng = random.Random(7)
+    model, splits = random_case(rng)
+    while not splits:
+        model, splits = random_case(rng)
+    transform = BatchTransform(model, splits, "test")
+    drawn = [random_batch(rng, model, 4, weighted=False) for _ in range(6)]
+    bad_at = 4  # this batch has an id beyond its split table
+    split = next(t for t in model if t.name == splits[0].table)
+    drawn[bad_at][1][split.feature_names[0]][0].append(split.num_embeddings)
+    inputs = [kjt_of(k, i, None, torch.int64, torch.int64) for k, i, _ in drawn]
+    out = transform.loader(inputs, ahead)
+    for n in range(bad_at):  # ahead: the bad batch is already transformed, not yet raised
+        keys, ids, _ = drawn[n]
+        assert_matches_reference(next(out), inputs[n], reference(model, splits, keys, ids, None))
+    with pytest.raises(PlanError, match=f"split table {split.name!r}"):
+        next(out)

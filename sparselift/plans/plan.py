@@ -234,11 +234,13 @@ class Plan:
             return batch
         return self.batch_transform().batch(batch)
 
-    def transform_loader(self, batches: Any) -> Any:
-        """An iterator over `batches` (e.g. a DataLoader), each transformed as it is drawn."""
+    def transform_loader(self, batches: Any, ahead: int = 0) -> Any:
+        """An iterator over `batches` (e.g. a DataLoader), each transformed as it is drawn, or
+        with `ahead` > 0 up to that many batches ahead in a background thread
+        (`transform.BatchTransform.loader`)."""
         if not self.splits:
             return iter(batches)
-        return self.batch_transform().loader(batches)
+        return self.batch_transform().loader(batches, ahead)
 
     def to_virtual_state(self, state: Any) -> dict[str, Any]:
         """A model state dict of full tensors in the original layout as the split model's

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -153,10 +155,30 @@ class BatchTransform:
         out.sparse_features = self(kjt)
         return out
 
-    def loader(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """The batches of `batches`, each transformed (`batch`) as it is drawn."""
-        for b in batches:
-            yield self.batch(b)
+    def loader(self, batches: Iterable[Any], ahead: int = 0) -> Iterator[Any]:
+        """The batches of `batches`, each transformed (`batch`).
+
+        Args:
+            batches: any iterable of batches (drawn in the caller's thread, in order).
+            ahead: 0: each batch is transformed as it is drawn. N > 0: up to N batches are
+                transformed ahead, in one background thread, while the trainer runs its step
+                (torch ops release the GIL, so the transform can use a core the step leaves
+                idle, e.g. while it waits on a collective).
+        Raises:
+            PlanError: as `batch`, when the batch that failed is drawn (not earlier).
+        """
+        if ahead <= 0:
+            for b in batches:
+                yield self.batch(b)
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="sparselift-transform") as pool:
+            pending: deque[Future[Any]] = deque()
+            for b in batches:
+                pending.append(pool.submit(self.batch, b))
+                if len(pending) > ahead:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
 
     # ----------------------------------------------------------------------------- internals
 
