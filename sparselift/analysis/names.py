@@ -10,6 +10,11 @@ import re
 
 SPARSE_STAGES = ("input_dist", "lookup", "output_dist")  # the sparse path's stages, in order
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
+# the sparse-dist pipeline's input distribution on the main thread (train_pipelines.py,
+# runtime_forwards.py; `## start_sparse_data_dist 3 ##`)
+PIPELINE_INPUT_DIST = re.compile(
+    r"^## (start_sparse_data_dist|wait_sparse_data_dist|runtime_forward_assemble_KJT)\b"
+)
 # `[lookup]_[model.sparse_arch.ebc]_[table_wise]`, `[output_dist]_[...]_[...]`, `[splits_dist]_...`
 TAGGED = re.compile(
     r"^\[(?P<stage>[a-z_]+)\]_\[(?P<module>[^\]]*)\](?:_\[(?P<sharding>[a-z_]+)\])?"

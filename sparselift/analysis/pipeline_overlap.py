@@ -29,7 +29,6 @@ measured faster is not chosen.
 from __future__ import annotations
 
 import dataclasses
-import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ import pandas as pd
 
 from sparselift.analysis.compare import check_same_job, compare_profiles
 from sparselift.analysis.evidence import window_inflation
+from sparselift.analysis.names import PIPELINE_INPUT_DIST
 from sparselift.analysis.profile import open_profile, read_manifest
 from sparselift.analysis.stack import main_thread, step_windows
 from sparselift.analysis.trace import load_trace
@@ -51,11 +51,6 @@ if TYPE_CHECKING:  # the pipeline module imports the analysis stages this one si
 
 BASE, SPARSE_DIST = "TrainPipelineBase", "TrainPipelineSparseDist"
 CONFIDENCE = 0.9  # two-sided: the low end is exceeded with 95 % probability
-# TorchRec's annotations of the sparse-dist pipeline's input distribution on the main thread
-# (train_pipelines.py, runtime_forwards.py; `## start_sparse_data_dist 3 ##`)
-PIPELINE_INPUT_DIST = re.compile(
-    r"^## (start_sparse_data_dist|wait_sparse_data_dist|runtime_forward_assemble_KJT)\b"
-)
 
 
 @dataclass(frozen=True)
