@@ -2,7 +2,8 @@
 and without rewrites, and a hand-made hot/cold split, trained interleaved in one `sparselift
 bench` run per workload.
 
-    python benchmarks/bench_rewrites.py [--quick] [--json out.json] [--keep DIR]
+    python benchmarks/bench_rewrites.py [--quick] [--workloads multihot-26,…] [--rounds R]
+                                        [--json out.json] [--keep DIR]
     python benchmarks/bench_rewrites.py --show out.json      # the table of an earlier run
     python benchmarks/bench_rewrites.py split --base P --profile DIR --coverage 0.5 --out S
 
@@ -340,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="multihot-26 only, 1 round of 10 steps")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--workloads", default=None, help="comma-separated subset of the workloads (stem names)"
+    )
     ap.add_argument("--keep", type=Path, default=Path("runs/bench_rewrites"), help="work folder")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--show", type=Path, help="only print the table of an earlier --json file")
@@ -348,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
         print(table(json.loads(a.show.read_text())["results"]))
         return 0
     todo, rounds, steps = (WORKLOADS[:1], 1, 10) if a.quick else (WORKLOADS, a.rounds, None)
+    if a.workloads:
+        wanted = a.workloads.split(",")
+        todo = [(w, rows) for w, rows in todo if Path(w).stem in wanted]
     results = [measure(w, rows, a.nproc, rounds, steps, a.keep / Path(w).stem) for w, rows in todo]
     print(table(results))
     if a.json:
