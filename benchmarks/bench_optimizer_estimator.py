@@ -38,7 +38,8 @@ import pandas as pd
 
 from sparselift import plans
 from sparselift.optimizer.coefficients import coefficients
-from sparselift.optimizer.cost_model import PHASES, CostModel
+from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.costs import PHASES
 from sparselift.optimizer.optimize import Inputs, optimize
 from sparselift.optimizer.space import TW, OptionClass
 from sparselift.optimizer.synthetic import synthetic_stats

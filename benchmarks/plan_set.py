@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from sparselift import plans
-from sparselift.optimizer.cost_model import PHASES, CostModel
+from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.costs import PHASES
 from sparselift.optimizer.planio import choices_from_plan, to_plan
 from sparselift.optimizer.space import Choice, enumerate_classes
 from sparselift.optimizer.table_stats import TableStats

@@ -28,17 +28,27 @@ from sparselift.kernels import LookupUnit
 FORMAT = "sparselift-calibration"
 VERSION = 1
 WHAT = "calibration file"  # how error messages name the file
-# unit of each op kind's x, as the analysis fits it (the optimizer ignores a lookup fit in another)
+# unit of each op kind's x, as the analysis fits it (the optimizer ignores a lookup fit in another);
+# a profile has the output kinds of the sharding types it ran (all-to-all, reduce-scatter or both)
 UNITS = {
     "lookup_fwd": "work",
     "lookup_bwd": "work",
     "input_dist": "bytes",
     "output_dist_fwd": "bytes",
     "output_dist_bwd": "bytes",
+    "output_dist_rs_fwd": "bytes",
+    "output_dist_rs_bwd": "bytes",
     "dp_allreduce": "bytes",
 }
+# Row-wise and table-row-wise tables' output distribution is a reduce-scatter (gloo runs it as an
+# all-reduce), another collective than the all-to-all of the other types: their output_dist calls
+# are fitted as their own kinds, `output_dist_rs_fwd` / `_bwd` (x = bytes, as the all-to-all's)
+REDUCE_SCATTER_TYPES = ("row_wise", "table_row_wise")
+RS_KIND = {"output_dist_fwd": "output_dist_rs_fwd", "output_dist_bwd": "output_dist_rs_bwd"}
+A2A_KIND = {rs: a2a for a2a, rs in RS_KIND.items()}  # the all-to-all kind each is priced like
 # unit of `batch_transform`'s x (ids routed; its a_s is per split feature): an op kind that only
 # profiles which timed the batch transform have, hence not among UNITS, which every profile fits
+# (but for the output kinds of sharding types it did not run)
 TRANSFORM_UNIT = "ids"
 # unit of `recombine`'s x (pooled elements the split model's recombination reads and writes)
 RECOMBINE_UNIT = "elements"

@@ -357,7 +357,7 @@ def test_local_search_then_lowers_the_busiest_rank_at_the_same_step():
     # the step and lowers it
     import numpy as np
 
-    from sparselift.optimizer.cost_model import PHASES
+    from sparselift.optimizer.costs import PHASES
     from sparselift.optimizer.placement import improve_placement, place_greedy
     from sparselift.optimizer.space import TW, OptionClass
     from sparselift.optimizer.synthetic import synthetic_stats

@@ -17,7 +17,8 @@ import pytest
 from sparselift import plans
 from sparselift.optimizer.agreement import both_accept
 from sparselift.optimizer.coefficients import coefficients
-from sparselift.optimizer.cost_model import DDR_COL, HBM_COL, CostModel
+from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.costs import DDR_COL, HBM_COL
 from sparselift.optimizer.descent import descend
 from sparselift.optimizer.feasibility import feasible_classes
 from sparselift.optimizer.optimize import Inputs, optimize

@@ -7,6 +7,8 @@ bandwidth; what ranks arriving at random add to each collective is priced apart,
 (`sync_s`). A profile sees about one size per call, so each call's fixed cost comes from measuring
 that call on its own (`kernels.CPU_CALL_S`) unless the profile's calls differ enough in size to
 tell; on CPU, calls of several plans can also refit the lookup unit's weights (`unit_fit`).
+Row-wise and table-row-wise output distributions (a reduce-scatter) are their own kinds
+(`with_rs_kinds`), priced like the all-to-all's where no profile ran them (`fit_of`).
 `dense_step_s` is what is left of the fastest measured step (slowest rank) when the sparse path's
 modelled cost is taken out, so that predicting the profiled plan gives back that step time.
 
@@ -33,7 +35,16 @@ from sparselift.analysis.recombine_fit import RECOMBINE, fit_recombine
 from sparselift.analysis.samples import LOOKUPS, lookup_work_of
 from sparselift.analysis.transform_fit import TRANSFORM, fit_transform
 from sparselift.analysis.unit_fit import MAX_REL_SE, refit_unit
-from sparselift.calibration import UNITS, Calibration, OpFit, Provenance, lookup_unit
+from sparselift.calibration import (
+    A2A_KIND,
+    REDUCE_SCATTER_TYPES,
+    RS_KIND,
+    UNITS,
+    Calibration,
+    OpFit,
+    Provenance,
+    lookup_unit,
+)
 from sparselift.kernels import CPU_CALL_S, KERNEL_UNIT, LookupUnit
 
 # the manifest fields a calibration carries along (optimize reads the hardware from them)
@@ -57,6 +68,38 @@ class LineFit(NamedTuple):
 
     a_s: float
     b_s: float
+
+
+def with_rs_kinds(calls: pd.DataFrame) -> pd.DataFrame:
+    """`calls` with the output distributions of reduce-scatter groups (row-wise, table-row-wise)
+    relabelled as their own kinds (`calibration.RS_KIND`); idempotent.
+
+    Args:
+        calls: per-call samples (`kind`, `group` columns).
+    Returns:
+        `calls` itself when it has no such call, else a relabelled copy.
+    """
+    rs = calls["kind"].isin(list(RS_KIND)) & calls["group"].isin(REDUCE_SCATTER_TYPES)
+    if not rs.any():
+        return calls
+    out = calls.copy()
+    out.loc[rs, "kind"] = out.loc[rs, "kind"].map(RS_KIND)
+    return out
+
+
+def fit_of(ops: dict[str, OpFit], kind: str) -> OpFit | None:
+    """The fit that prices `kind`: its own, or for a reduce-scatter kind no profile fitted, the
+    all-to-all's of its direction (by analogy, as the optimizer prices it); None without one."""
+    fit = ops.get(kind)
+    return fit if fit is not None or kind not in A2A_KIND else ops.get(A2A_KIND[kind])
+
+
+def call_priors(device: str) -> dict[str, float] | None:
+    """Known per-call fixed costs by kind (`kernels.CPU_CALL_S` on CPU, None elsewhere); the
+    reduce-scatter kinds take their all-to-all's, the only call of the kind measured on its own."""
+    if device != "cpu":
+        return None
+    return {**CPU_CALL_S, **{rs: CPU_CALL_S[a2a] for a2a, rs in RS_KIND.items()}}
 
 
 def _fit_calls(x: Any, y: Any, fixed: float | None = None) -> LineFit:
@@ -214,16 +257,19 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu")
     """Modelled sparse-path seconds per step, composed as the optimizer's cost model does.
 
     Per kind: the per-call costs of the groups present plus the per-unit work, on the slowest rank.
-    Lookup work is recounted in the unit `ops` were fitted in (`lookup_unit`).
+    Lookup work is recounted in the unit `ops` were fitted in (`lookup_unit`). Reduce-scatter
+    output distributions are priced as their own kinds (`with_rs_kinds`, `fit_of`).
 
     Args:
         calls: per-call samples of one profile.
-        ops: the fits of every kind in `calls`.
+        ops: the fits of every kind in `calls` (a reduce-scatter kind may be missing where its
+            all-to-all kind is there).
         device: the profiled device (the lookup unit differs).
     Returns:
         Seconds, indexed by step.
     """
     unit = lookup_unit(ops)
+    calls = with_rs_kinds(calls)
     if unit != KERNEL_UNIT and device == "cpu":
         look = calls["kind"].isin(LOOKUPS)
         calls = calls.copy()
@@ -233,8 +279,9 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu")
         .agg(x=("x", "sum"), n=("group", "count"))
         .reset_index()
     )
+    fits = {k: f for k in per["kind"].unique() if (f := fit_of(ops, k)) is not None}
     per["cost"] = [
-        ops[k].cost(x, n) for k, x, n in zip(per["kind"], per["x"], per["n"], strict=True)
+        fits[k].cost(x, n) for k, x, n in zip(per["kind"], per["x"], per["n"], strict=True)
     ]
     return per.groupby(["step", "kind"])["cost"].max().groupby("step").sum()
 
@@ -242,7 +289,9 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu")
 def sparse_at_target(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:
     """The profile's modelled sparse path at the step its calibration reproduces (`target_s`):
     at its fastest step, or over its quieter steps (median) when steady steps were timed."""
-    calls = ev.calls[ev.calls["kind"].isin(list(ops))]
+    calls = with_rs_kinds(ev.calls)
+    priced = [k for k in calls["kind"].unique() if fit_of(ops, k) is not None]
+    calls = calls[calls["kind"].isin(priced)]
     sparse = sparse_cost(calls, ops, ev.device).reindex(ev.step_s.index).fillna(0.0)
     if ev.steady_step_s is None:
         return float(sparse.at[ev.step_s.idxmin()])
@@ -281,7 +330,8 @@ def profiled_sharding_types(manifests: Iterable[dict[str, Any]]) -> list[str]:
 def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     """Fit one calibration on one or several profiles of the same job.
 
-    Every op kind is fitted on all profiles' calls together; the dense step is the median of
+    Every op kind is fitted on all profiles' calls together (reduce-scatter output distributions
+    as their own kinds, `with_rs_kinds`); the dense step is the median of
     each profile's (`dense_of`): the dense part is the same model in every plan.
 
     Args:
@@ -291,9 +341,10 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     """
     first = evidence[0]
     calls = pd.concat(
-        [ev.calls.assign(profile=i) for i, ev in enumerate(evidence)], ignore_index=True
+        [with_rs_kinds(ev.calls).assign(profile=i) for i, ev in enumerate(evidence)],
+        ignore_index=True,
     )
-    ops = fit_ops(calls, CPU_CALL_S if first.device == "cpu" else None, first.device)
+    ops = fit_ops(calls, call_priors(first.device), first.device)
     dp = dp_allreduce_fit(pd.concat([ev.dp for ev in evidence]))
     if dp is not None:
         ops["dp_allreduce"] = dp

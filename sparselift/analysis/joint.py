@@ -22,9 +22,11 @@ from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.fit import (
     dense_of,
     fit_evidence,
+    fit_of,
     recombine_fit_of,
     sparse_at_target,
     transform_fit_of,
+    with_rs_kinds,
 )
 from sparselift.analysis.pipeline import Analysis
 from sparselift.analysis.pipeline_overlap import (
@@ -36,7 +38,7 @@ from sparselift.analysis.pipeline_overlap import (
 from sparselift.analysis.precision_fit import QCOMM, at_precision, fit_qcomm, split_by_precision
 from sparselift.analysis.recombine_fit import RECOMBINE
 from sparselift.analysis.transform_fit import TRANSFORM
-from sparselift.calibration import UNITS, Calibration, HeldOut, OpFit
+from sparselift.calibration import A2A_KIND, UNITS, Calibration, HeldOut, OpFit
 from sparselift.errors import UserError
 from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S, CPU_WORK_B_S
 
@@ -70,11 +72,13 @@ def check_one_job(profiles: Sequence[str]) -> None:
 
 def prior_fit(kind: str, device: str) -> OpFit | None:
     """What an op kind costs before any profile measured it (CPU: the kernel benchmarks'), for
-    a held-out profile whose op kinds the other profiles lack; None off CPU."""
-    if device != "cpu" or kind not in CPU_CALL_S:
+    a held-out profile whose op kinds the other profiles lack (a reduce-scatter output kind: its
+    all-to-all's); None off CPU."""
+    measured_as = A2A_KIND.get(kind, kind)  # a reduce-scatter: the all-to-all's, by analogy
+    if device != "cpu" or measured_as not in CPU_CALL_S:
         return None
-    b = CPU_WORK_B_S.get(kind, CPU_DIST_B_S)
-    return OpFit(x=UNITS[kind], a_s=CPU_CALL_S[kind], b_s=b, r2=0.0, n=0)
+    b = CPU_WORK_B_S.get(measured_as, CPU_DIST_B_S)
+    return OpFit(x=UNITS[kind], a_s=CPU_CALL_S[measured_as], b_s=b, r2=0.0, n=0)
 
 
 def fit_profiles(evidence: list[ProfileEvidence]) -> Calibration:
@@ -95,14 +99,16 @@ def fit_profiles(evidence: list[ProfileEvidence]) -> Calibration:
 def held_out(evidence: list[ProfileEvidence], i: int) -> HeldOut:
     """Profile i's step (its `target_s`) predicted by the calibration fitted on the others.
 
-    Op kinds the others do not have are priced by `prior_fit` (or not at all off CPU).
+    Op kinds the others do not have are priced by `prior_fit` (or not at all off CPU); a
+    reduce-scatter output kind by the others' all-to-all fit where they have one (`fit.fit_of`),
+    as the optimizer prices it.
     """
     ev = evidence[i]
     cal = fit_profiles(evidence[:i] + evidence[i + 1 :])
     ops = dict(at_precision(cal.ops, ev.manifest))
-    for kind in ev.calls["kind"].unique():
+    for kind in with_rs_kinds(ev.calls)["kind"].unique():
         prior = prior_fit(kind, ev.device)
-        if kind not in ops and prior is not None:
+        if fit_of(ops, kind) is None and prior is not None:
             ops[kind] = prior
     predicted = (cal.dense_step_s or 0.0) + sparse_at_target(ev, ops)
     return HeldOut(ev.profile, ev.target_s, predicted)

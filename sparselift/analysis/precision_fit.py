@@ -8,6 +8,9 @@ hardware, so it is measured: a profile whose output distribution ran at 16 bits 
 per-byte costs is the net cost of one element at 16 bits (`qcomm_quantize`, x = "element": the
 quantize and dequantize work less the wire time saved; negative where 16 bits pay). The
 optimizer's cost model turns it back into its quantize cost (`optimizer.coefficients`).
+Row-wise tables' reduce-scatter (`fit.with_rs_kinds`) runs through the same codecs: its 16-bit
+calls are set apart likewise, compared with the reduce-scatter's own fp32 fit, and count towards
+the one net figure per element (the cost model applies it to every output collective).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from typing import Any
 import pandas as pd
 
 from sparselift.analysis.evidence import ProfileEvidence
-from sparselift.analysis.fit import fit_ops
-from sparselift.calibration import OpFit
+from sparselift.analysis.fit import fit_ops, with_rs_kinds
+from sparselift.calibration import RS_KIND, OpFit
 from sparselift.kernels import FLOAT_BYTES
 
 OUTPUT_KINDS = {"forward": "output_dist_fwd", "backward": "output_dist_bwd"}
@@ -33,8 +36,10 @@ def precision_of(manifest: dict[str, Any]) -> dict[str, str]:
 
 
 def sixteen_bit_kinds(manifest: dict[str, Any]) -> set[str]:
-    """The output-distribution kinds the profiled run ran below fp32."""
-    return {OUTPUT_KINDS[d] for d, p in precision_of(manifest).items() if p != "fp32"}
+    """The output-distribution kinds (all-to-all and reduce-scatter) the profiled run ran below
+    fp32."""
+    low = {OUTPUT_KINDS[d] for d, p in precision_of(manifest).items() if p != "fp32"}
+    return low | {RS_KIND[k] for k in low}
 
 
 def split_by_precision(
@@ -42,16 +47,20 @@ def split_by_precision(
 ) -> tuple[list[ProfileEvidence], pd.DataFrame]:
     """The evidence the fp32 fit takes, and the 16-bit output-distribution calls set apart.
 
-    A 16-bit kind is set apart only where some profile ran that kind at fp32 (else there is no
-    fp32 line to compare with, and its calls are all the evidence the kind has).
+    Reduce-scatter output distributions are their own kinds (`fit.with_rs_kinds`) here already,
+    in the evidence returned too. A 16-bit kind is set apart only where some profile ran that
+    kind at fp32 (else there is no fp32 line to compare with, and its calls are all the evidence
+    the kind has).
 
     Returns:
         (the evidence without those calls, the calls set apart with a `profile` column)
     """
+    evidence = [dataclasses.replace(ev, calls=with_rs_kinds(ev.calls)) for ev in evidence]
+    outputs = [*OUTPUT_KINDS.values(), *RS_KIND.values()]
     at32 = {
         k
         for ev in evidence
-        for k in OUTPUT_KINDS.values()
+        for k in outputs
         if k not in sixteen_bit_kinds(ev.manifest) and (ev.calls["kind"] == k).any()
     }
     kept, apart = [], []

@@ -17,14 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparselift.optimizer.cost_model import (
-    DDR_COL,
-    HBM_COL,
-    PHASES,
-    CostModel,
-    group_of,
-    sum_rank_loads,
-)
+from sparselift.optimizer.cost_model import CostModel, group_of, sum_rank_loads
+from sparselift.optimizer.costs import DDR_COL, HBM_COL, PHASES
 from sparselift.optimizer.space import Choice, PlanWide
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.torchrec_prices import TorchRecPrices

@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from sparselift import plans
-from sparselift.optimizer.cost_model import CostModel, PlanCost
+from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.costs import PlanCost
 from sparselift.optimizer.planio import choices_from_plan
 from sparselift.optimizer.space import Choice, PlanWide
 from sparselift.optimizer.split_options import plan_tables

@@ -8,7 +8,10 @@ coefficients carry over by op kind only to a topology of the same device kind.
 
 Every coefficient carries its evidence (`Coefficients.evidence`): *measured* (from which profile)
 or *assumed* (from which preset). `from_topology` marks all of them assumed; `coefficients` marks
-what the calibration replaced as measured. The optimizer reads it to refuse options whose pay-off
+what the calibration replaced as measured. Row-wise and table-row-wise tables' output distribution
+(a reduce-scatter) has its own coefficients, `output_dist_rs_fwd` / `_bwd`: measured where a
+calibrated profile ran such a table, else the all-to-all's (the preset's, or the calibration's
+fit) by analogy, assumed. The optimizer reads it to refuse options whose pay-off
 rests only on assumptions, and writes it into every plan.
 """
 
@@ -20,7 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparselift.calibration import UNITS, Calibration, lookup_unit, read_checked
+from sparselift.calibration import (
+    A2A_KIND,
+    RS_KIND,
+    UNITS,
+    Calibration,
+    lookup_unit,
+    read_checked,
+)
 from sparselift.kernels import (
     CPU_CALL_S,
     CPU_DIST_B_S,
@@ -38,6 +48,8 @@ OP_KINDS = (
     "input_dist",
     "output_dist_fwd",
     "output_dist_bwd",
+    "output_dist_rs_fwd",
+    "output_dist_rs_bwd",
     "dp_allreduce",
 )
 
@@ -62,7 +74,9 @@ class Coefficients:
     lookup_bwd: Linear  # same unit (backward + fused optimizer)
     input_dist: Linear  # x = bytes of ids/lengths sent by the rank (intra-host)
     output_dist_fwd: Linear  # x = bytes of pooled embeddings moved by the rank (intra-host)
-    output_dist_bwd: Linear
+    output_dist_bwd: Linear  # (the all-to-all of table-wise and column-wise tables)
+    output_dist_rs_fwd: Linear  # same unit: the reduce-scatter of row-wise and table-row-wise
+    output_dist_rs_bwd: Linear
     dp_allreduce: Linear  # x = ring-allreduce bytes per rank
     wire_b_s: float  # seconds per byte on the wire inside a host: the part of a collective's
     #                  per-byte cost that lower precision saves (host work per byte stays)
@@ -164,7 +178,7 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
     """
     lookup_b = 1.0 / topo.lookup_rate
     comm = Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw)
-    dist = {k: comm for k in ("input_dist", "output_dist_fwd", "output_dist_bwd")}
+    dist = {k: comm for k in ("input_dist", "output_dist_fwd", "output_dist_bwd")}  # rs: as a2a
     if topo.device == "cuda":
         fwd = Linear(topo.kernel_latency_s, lookup_b)
         bwd = Linear(topo.kernel_latency_s, lookup_b * topo.bwd_multiplier)
@@ -177,6 +191,8 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
         input_dist=dist["input_dist"],
         output_dist_fwd=dist["output_dist_fwd"],
         output_dist_bwd=dist["output_dist_bwd"],
+        output_dist_rs_fwd=dist["output_dist_fwd"],
+        output_dist_rs_bwd=dist["output_dist_bwd"],
         dp_allreduce=Linear(topo.collective_latency_s, 1.0 / topo.intra_host_bw),
         wire_b_s=1.0 / topo.intra_host_bw,
         inter_host_b_s=max(1.0 / topo.inter_host_bw, 1.0 / topo.intra_host_bw),
@@ -224,7 +240,9 @@ def coefficients(
     Returns:
         Coefficients whose `source` is the calibration's profiles (" + " between several fitted
         together; or "calibration"); what the calibration replaced is marked measured from it
-        (an op kind with its fixed sync cost), the rest stays assumed from the preset. The
+        (an op kind with its fixed sync cost), the rest stays assumed from the preset. A
+        reduce-scatter output kind the calibration lacks takes its all-to-all kind's calibrated
+        coefficients, assumed (by analogy, from the calibration). The
         sparse-dist pipeline's overlap and overhead are measured from the two profiles they
         were fitted on (`Calibration.pipeline_profiles`); a calibration with an overlap but no
         overhead (made before the overhead was measured) keeps the preset's overhead, assumed:
@@ -253,9 +271,10 @@ def coefficients(
         if fit is not None and (not kind.startswith("lookup") or fit.x == LOOKUP_UNIT):
             fixed = fit.a_s + fit.sync_s  # sync_s: distributions only
             kw[kind] = Linear(max(0.0, fixed), max(0.0, fit.b_s))
-    if "qcomm_quantize" in cal.ops and "output_dist_fwd" in kw:
+    out_fwd = kw.get("output_dist_fwd", kw.get("output_dist_rs_fwd"))
+    if "qcomm_quantize" in cal.ops and out_fwd is not None:
         kw["quantize_b_s"] = quantize_from_net(
-            cal.ops["qcomm_quantize"].b_s, kw["output_dist_fwd"].b_s, base.wire_b_s
+            cal.ops["qcomm_quantize"].b_s, out_fwd.b_s, base.wire_b_s
         )
     tx = cal.ops.get("batch_transform")
     if tx is not None:
@@ -292,7 +311,12 @@ def coefficients(
         if profile is not None
         else "calibration"
     )
-    measured = base.replace(source=origin, **kw).with_evidence(MEASURED, origin, tuple(kw))
+    analogy = {rs: kw[a2a] for rs, a2a in A2A_KIND.items() if rs not in kw and a2a in kw}
+    measured = (
+        base.replace(source=origin, **kw, **analogy)
+        .with_evidence(MEASURED, origin, tuple(kw))
+        .with_evidence(ASSUMED, f"by analogy with the all-to-all, {origin}", tuple(analogy))
+    )
     piped = tuple(k for k in PIPELINE_NAMES if k in kw)
     if piped and cal.pipeline_profiles:  # measured on the plan's two profiles, one per pipeline
         measured = measured.with_evidence(MEASURED, " + ".join(cal.pipeline_profiles), piped)
@@ -302,7 +326,7 @@ def coefficients(
 PIPELINE_NAMES = ("pipeline_overlap", "pipeline_overhead_s")
 
 
-DIST_KINDS = ("input_dist", "output_dist_fwd", "output_dist_bwd")
+DIST_KINDS = ("input_dist", *RS_KIND, *RS_KIND.values())
 
 
 def every_byte_crossed_hosts(cal: Calibration) -> bool:

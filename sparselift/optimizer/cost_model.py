@@ -22,6 +22,10 @@ stats miss only its own entries; a changed coefficient only re-multiplies cached
 per-call costs (the a_s of a fit) are counted once per sharding-type group present (one
 all-to-all / one TBE per group, as TorchRec batches them).
 
+A row-wise or table-row-wise table's output distribution is a reduce-scatter (gloo: an
+all-reduce), not an all-to-all: its bytes, and its type's fixed cost, are priced with the
+reduce-scatter coefficients (`output_coeffs`, `type_fixed_costs`), in the same output phases.
+
 A virtual table of a split (`split_options`) is priced as any table, plus, on every rank and in
 lookup_fwd (both run in the step, outside the collectives), the loader's batch transform (its ids
 routed and its share of the split features' calls) and the split model's recombination (its
@@ -36,128 +40,27 @@ pipeline's extra batch of ids.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, NamedTuple
 
 from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES, LookupUnit
-from sparselift.optimizer.coefficients import Coefficients
+from sparselift.optimizer.coefficients import Coefficients, Linear
+from sparselift.optimizer.costs import (
+    COMPUTE_PHASES,
+    LOAD_WIDTH,
+    PHASES,
+    PhaseTimes,
+    PlanCost,
+    RankCost,
+    RankLoad,
+    Terms,
+)
 from sparselift.optimizer.counts import ClassCounts, Counts, class_counts
-from sparselift.optimizer.space import DP, Choice, OptionClass, PlanWide
+from sparselift.optimizer.space import DP, RW, TWRW, Choice, OptionClass, PlanWide
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 
-PHASES = (
-    "input_dist",
-    "lookup_fwd",
-    "output_dist_fwd",
-    "output_dist_bwd",
-    "lookup_bwd",
-    "dp_allreduce",
-)
-COMPUTE_PHASES = ("lookup_fwd", "lookup_bwd")
 PRECISION_FACTOR = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5}
 ASSUMED_TRANSFORM_MARGIN = 2.0  # the batch transform's price where no profile measured it
-
-
-class PhaseTimes(NamedTuple):
-    """Seconds per phase of a step (one rank's, or the fixed per-call costs)."""
-
-    input_dist: float = 0.0
-    lookup_fwd: float = 0.0
-    output_dist_fwd: float = 0.0
-    output_dist_bwd: float = 0.0
-    lookup_bwd: float = 0.0
-    dp_allreduce: float = 0.0
-
-
-class RankLoad(NamedTuple):
-    """What a rank carries: seconds per phase, then memory bytes.
-
-    A tuple, so that `np.array(loads)` gives one row per rank with the columns in this order
-    (`LOAD_WIDTH` of them; the memory columns from `HBM_COL`).
-    """
-
-    input_dist: float = 0.0
-    lookup_fwd: float = 0.0
-    output_dist_fwd: float = 0.0
-    output_dist_bwd: float = 0.0
-    lookup_bwd: float = 0.0
-    dp_allreduce: float = 0.0
-    hbm_bytes: float = 0.0
-    ddr_bytes: float = 0.0
-
-
-LOAD_WIDTH = len(RankLoad._fields)  # columns of a load array
-HBM_COL, DDR_COL = RankLoad._fields.index("hbm_bytes"), RankLoad._fields.index("ddr_bytes")
-assert RankLoad._fields[: len(PHASES)] == PHASES == PhaseTimes._fields
-
-
-@dataclass(frozen=True)
-class Terms:
-    """The load one shard of a table's option puts on a rank, by where the rank sits.
-
-    Attributes:
-        located: "all" (replicated / row-wise: every rank is "own"), "rank" (table-wise /
-            column-wise shards on chosen ranks) or "host" (table-row-wise on a chosen host).
-        shards: the option's shard count.
-        own: on a rank holding the shard (every rank for "all"; the host's ranks for "host").
-        remote_intra: on another rank of the shard's host.
-        remote_inter: on a rank of another host.
-    """
-
-    located: str
-    shards: int
-    own: RankLoad
-    remote_intra: RankLoad
-    remote_inter: RankLoad
-
-
-@dataclass(frozen=True)
-class RankCost:
-    """One rank's predicted cost: compute (lookups + dense) and communication seconds (fixed
-    per-call costs included), and memory bytes (`memory_bytes`: where the tables live)."""
-
-    rank: int
-    compute_s: float
-    comm_s: float
-    memory_bytes: int
-    hbm_bytes: int
-    ddr_bytes: int
-
-
-@dataclass
-class PlanCost:
-    """A plan's predicted step and what makes it up.
-
-    Attributes:
-        step_time_s: dense step + Σ phases_s.
-        phases_s: per phase, max over ranks with fixed costs (input_dist as left exposed).
-        per_rank: every rank's cost.
-        dense_step_s: the dense part of the step.
-        plan_wide: the precision and pipeline it was priced with.
-    """
-
-    step_time_s: float
-    phases_s: dict[str, float]
-    per_rank: list[RankCost]
-    dense_step_s: float
-    plan_wide: PlanWide = field(default_factory=PlanWide)
-
-    def predicted(self) -> dict[str, Any]:
-        """The plan file's `predicted` block."""
-        return {
-            "step_time_s": self.step_time_s,
-            "per_rank": [
-                {
-                    "rank": r.rank,
-                    "compute_s": r.compute_s,
-                    "comm_s": r.comm_s,
-                    "memory_bytes": r.memory_bytes,
-                }
-                for r in self.per_rank
-            ],
-        }
 
 
 def recombine_b_s(coeffs: Coefficients) -> float:
@@ -165,6 +68,23 @@ def recombine_b_s(coeffs: Coefficients) -> float:
     preset's where no profile measured it."""
     measured = coeffs.measured("recombine_b_s")
     return coeffs.recombine_b_s * (1.0 if measured else ASSUMED_TRANSFORM_MARGIN)
+
+
+def output_coeffs(coeffs: Coefficients, sharding_type: str) -> tuple[Linear, Linear]:
+    """The (forward, backward) output-distribution coefficients of a sharding type: the
+    reduce-scatter's for row-wise and table-row-wise, the all-to-all's for the others."""
+    if sharding_type in (RW, TWRW):
+        return coeffs.output_dist_rs_fwd, coeffs.output_dist_rs_bwd
+    return coeffs.output_dist_fwd, coeffs.output_dist_bwd
+
+
+def type_fixed_costs(coeffs: Coefficients, sharding_type: str) -> PhaseTimes:
+    """The fixed per-call costs one sharding type present adds (data-parallel excepted): its
+    input_dist and its output collective, forward and backward (`output_coeffs`)."""
+    fwd, bwd = output_coeffs(coeffs, sharding_type)
+    return PhaseTimes(
+        input_dist=coeffs.input_dist.a_s, output_dist_fwd=fwd.a_s, output_dist_bwd=bwd.a_s
+    )
 
 
 def group_of(cls: OptionClass) -> tuple[str, str]:
@@ -205,6 +125,7 @@ class CostModel:
     ) -> Terms:
         cc = self.counts(t, c)
         ff, fb = PRECISION_FACTOR[fwd], PRECISION_FACTOR[bwd]
+        out_fwd, out_bwd = output_coeffs(coeffs, c.sharding_type)
 
         def out(intra: float, inter: float, b: float, f: float) -> float:
             t_ = b * intra + coeffs.inter_host_b_s * inter
@@ -227,8 +148,8 @@ class CostModel:
                 + tx_a * n.routed_features
                 + tx_b * n.routed_ids
                 + rec_b * n.recombined_x,
-                out(n.out_fwd_intra, n.out_fwd_inter, coeffs.output_dist_fwd.b_s, ff),
-                out(n.out_bwd_intra, n.out_bwd_inter, coeffs.output_dist_bwd.b_s, fb),
+                out(n.out_fwd_intra, n.out_fwd_inter, out_fwd.b_s, ff),
+                out(n.out_bwd_intra, n.out_bwd_inter, out_bwd.b_s, fb),
                 coeffs.lookup_bwd.b_s * n.bwd_work
                 + coeffs.uvm_miss_b_s * n.miss_x
                 + coeffs.dense_grad_b_s * n.dense_grad_x,
@@ -243,16 +164,19 @@ class CostModel:
         )
 
     def fixed_call_costs(self, groups: Iterable[tuple[str, str]]) -> PhaseTimes:
-        """Fixed per-call costs of the (sharding type, kernel) groups present: one all-to-all
-        per sharding type, one TBE per group, one allreduce for all data-parallel tables."""
+        """Fixed per-call costs of the (sharding type, kernel) groups present: one input_dist
+        and one output collective per sharding type (`type_fixed_costs`), one TBE per group, one
+        allreduce for all data-parallel tables."""
         coeffs = self.coeffs
         groups = set(groups)
-        types = {s for s, _ in groups if s != DP}
+        per_type = [
+            type_fixed_costs(coeffs, st) for st in sorted({s for s, _ in groups if s != DP})
+        ]
         return PhaseTimes(
-            coeffs.input_dist.a_s * len(types),
+            sum(f.input_dist for f in per_type),
             coeffs.lookup_fwd.a_s * len(groups),
-            coeffs.output_dist_fwd.a_s * len(types),
-            coeffs.output_dist_bwd.a_s * len(types),
+            sum(f.output_dist_fwd for f in per_type),
+            sum(f.output_dist_bwd for f in per_type),
             coeffs.lookup_bwd.a_s * len(groups),
             (1.0 - coeffs.dp_overlap)
             * coeffs.dp_allreduce.a_s

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from sparselift.optimizer.cost_model import DDR_COL, HBM_COL, PHASES, group_of
+from sparselift.optimizer.cost_model import group_of
+from sparselift.optimizer.costs import DDR_COL, HBM_COL, PHASES
 from sparselift.optimizer.placement import improve_placement
 from sparselift.optimizer.problem import Problem
 from sparselift.optimizer.space import Choice, OptionClass

@@ -37,14 +37,8 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from sparselift.optimizer.cost_model import (
-    DDR_COL,
-    HBM_COL,
-    LOAD_WIDTH,
-    PHASES,
-    PhaseTimes,
-    group_of,
-)
+from sparselift.optimizer.cost_model import group_of, type_fixed_costs
+from sparselift.optimizer.costs import DDR_COL, HBM_COL, LOAD_WIDTH, PHASES, PhaseTimes
 from sparselift.optimizer.placement import cheapest_average
 from sparselift.optimizer.problem import NS, Problem, load_over_ranks
 from sparselift.optimizer.space import DP, Choice, OptionClass
@@ -89,8 +83,10 @@ def _classes_and_fixed_costs(
     """Exactly one way per model table (itself or one of its splits, `split[table|i]`) and one
     class per table of that way; `group_used` per (sharding type, kernel) group and `a2a_used`
     per sharding type, implied by the chosen classes; each phase's fixed per-call cost as an
-    expression of them (one all-to-all per sharding type, one TBE per group, as TorchRec batches
-    them); and the pipeline boolean. Returns (fixed cost per phase, sparse_dist)."""
+    expression of them (one input_dist and one output collective per sharding type, the
+    reduce-scatter's for row-wise types, `cost_model.type_fixed_costs`; one TBE per group, as
+    TorchRec batches them); and the pipeline boolean.
+    Returns (fixed cost per phase, sparse_dist)."""
     split_vars = []
     for s in p.stats:
         ways = p.alternatives(s.name)
@@ -117,14 +113,10 @@ def _classes_and_fixed_costs(
             m.add_implication(gv, types[st])
     coeffs = p.coeffs
     fixed_cost: list[Any] = [0] * len(PHASES)
-    per_type = PhaseTimes(
-        input_dist=coeffs.input_dist.a_s,
-        output_dist_fwd=coeffs.output_dist_fwd.a_s,
-        output_dist_bwd=coeffs.output_dist_bwd.a_s,
-    )
+    per_type = {st: type_fixed_costs(coeffs, st) for st in types}  # rs output for RW / TWRW
     per_group = PhaseTimes(lookup_fwd=coeffs.lookup_fwd.a_s, lookup_bwd=coeffs.lookup_bwd.a_s)
     for i in range(len(PHASES)):
-        fixed_cost[i] = sum(_ns(per_type[i]) * tv for tv in types.values()) + sum(
+        fixed_cost[i] = sum(_ns(per_type[st][i]) * tv for st, tv in types.items()) + sum(
             _ns(per_group[i]) * gv for gv in groups.values()
         )
     dp = [gv for (st, _), gv in groups.items() if st == DP]
@@ -144,7 +136,9 @@ def _classes_and_fixed_costs(
 
 def _phase_upper_bounds(p: Problem, load_ub: list[float], n_use: int) -> list[int]:
     """Upper bounds of the phase max variables: the worst loads plus every fixed cost."""
-    fixed_ub = _ns(max(getattr(p.coeffs, ph).a_s for ph in PHASES)) * (n_use + 4)
+    c = p.coeffs
+    rs = (c.output_dist_rs_fwd.a_s, c.output_dist_rs_bwd.a_s)
+    fixed_ub = _ns(max(*(getattr(c, ph).a_s for ph in PHASES), *rs)) * (n_use + 4)
     return [int(load_ub[i]) + fixed_ub + 1 for i in range(len(PHASES))]
 
 

@@ -21,7 +21,8 @@ from sparselift.errors import UserError
 from sparselift.optimizer.agreement import Agreement, Verdicts, both_accept
 from sparselift.optimizer.choose import CheapestBaseline, PendingBaselines, choose_precision
 from sparselift.optimizer.coefficients import Coefficients
-from sparselift.optimizer.cost_model import CostModel, PlanCost
+from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.costs import PlanCost
 from sparselift.optimizer.planio import choices_from_plan, statistics_digest, to_plan
 from sparselift.optimizer.problem import Problem, Solution
 from sparselift.optimizer.robust import (

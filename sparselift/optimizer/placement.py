@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sparselift.errors import UserError
-from sparselift.optimizer.cost_model import DDR_COL, HBM_COL, LOAD_WIDTH, PHASES
+from sparselift.optimizer.costs import DDR_COL, HBM_COL, LOAD_WIDTH, PHASES
 from sparselift.optimizer.problem import Problem, load_over_ranks
 from sparselift.optimizer.space import Choice, OptionClass
 

@@ -10,7 +10,8 @@ from sparselift import plans
 from sparselift.calibration import Calibration
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import Coefficients, coefficients
-from sparselift.optimizer.cost_model import CostModel, PlanCost
+from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.costs import PlanCost
 from sparselift.optimizer.planio import choices_from_plan
 from sparselift.optimizer.split_options import plan_tables
 from sparselift.optimizer.table_stats import TableStats

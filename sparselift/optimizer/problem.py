@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sparselift.optimizer.coefficients import Coefficients
-from sparselift.optimizer.cost_model import CostModel, RankLoad, Terms, sum_rank_loads
+from sparselift.optimizer.cost_model import CostModel, sum_rank_loads
+from sparselift.optimizer.costs import RankLoad, Terms
 from sparselift.optimizer.space import Choice, OptionClass, PlanWide
 from sparselift.optimizer.split_options import SplitOption
 from sparselift.optimizer.table_stats import TableStats

@@ -17,7 +17,7 @@ from pathlib import Path
 from sparselift import plans
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import coefficients
-from sparselift.optimizer.cost_model import PlanCost
+from sparselift.optimizer.costs import PlanCost
 from sparselift.optimizer.optimize import Inputs, Result, optimize
 from sparselift.optimizer.planio import statistics_digest
 from sparselift.optimizer.predict import predict_plan

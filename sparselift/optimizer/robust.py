@@ -31,7 +31,8 @@ from typing import Any
 
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import Coefficients
-from sparselift.optimizer.cost_model import PHASES, CostModel
+from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.costs import PHASES
 from sparselift.optimizer.feasibility import feasible_classes, part_classes
 from sparselift.optimizer.placement import cheapest_average
 from sparselift.optimizer.problem import NS, Problem, Solution, load_over_ranks
@@ -59,13 +60,20 @@ def risky_class(c: OptionClass, coeffs: Coefficients) -> bool:
     UVM caching always (its miss cost is a preset's guess on most hardware, and TorchRec prices
     it far higher); data-parallel when a calibration measured the plan's other costs but not
     the allreduce (its cost then rests on an assumption where the alternatives' do not);
-    row-wise or table-row-wise when no calibrated profile ran that type: its output is a
-    reduce-scatter (an all-reduce on gloo), which the all-to-all fits price only by analogy.
+    row-wise or table-row-wise when its output collective, a reduce-scatter, is priced by
+    analogy where the alternatives' all-to-all is measured: its own coefficients
+    (`output_dist_rs_fwd` / `_bwd`) not measured while the all-to-all's are, or measured on
+    profiles that did not run this type (where the calibration says which types ran:
+    table-row-wise's output also crosses hosts as an all-to-all, so a fit on row-wise calls
+    prices it by analogy too). Where no output collective was measured, all are assumptions
+    alike: no such rule.
     """
     if c.kernel == UVM_CACHING:
         return True
-    if c.sharding_type in (RW, TWRW) and coeffs.profiled_types:
-        return c.sharding_type not in coeffs.profiled_types
+    if c.sharding_type in (RW, TWRW):
+        if not (coeffs.measured("output_dist_rs_fwd") and coeffs.measured("output_dist_rs_bwd")):
+            return coeffs.measured("output_dist_fwd") or coeffs.measured("output_dist_bwd")
+        return bool(coeffs.profiled_types) and c.sharding_type not in coeffs.profiled_types
     return c.sharding_type == DP and coeffs.any_measured() and not coeffs.measured("dp_allreduce")
 
 

@@ -43,7 +43,8 @@ import numpy as np
 
 from sparselift import plans
 from sparselift.optimizer.coefficients import Coefficients
-from sparselift.optimizer.cost_model import DDR_COL, HBM_COL, PHASES, CostModel, Terms
+from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.costs import DDR_COL, HBM_COL, PHASES, Terms
 from sparselift.optimizer.descent import descend
 from sparselift.optimizer.problem import Problem, load_over_ranks
 from sparselift.optimizer.space import Choice, OptionClass, PlanWide
