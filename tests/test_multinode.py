@@ -290,5 +290,8 @@ def test_a_table_row_wise_plan_trains_on_two_hosts_and_calibrates_the_inter_host
     assert not coeffs.measured("inter_host_b_s")
     coeffs = coefficients(preset("cpu-gloo", 4, 2), cal)
     assert coeffs.measured("inter_host_b_s")
-    fits = [cal.ops[k].b_s for k in ("input_dist", "output_dist_fwd", "output_dist_bwd")]
+    # a table-row-wise table's output calls are fitted as the reduce-scatter kinds
+    assert {"output_dist_rs_fwd", "output_dist_rs_bwd"} <= set(cal.ops)
+    assert "output_dist_fwd" not in cal.ops
+    fits = [cal.ops[k].b_s for k in ("input_dist", "output_dist_rs_fwd", "output_dist_rs_bwd")]
     assert coeffs.inter_host_b_s == max(fits) > 0
