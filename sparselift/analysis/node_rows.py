@@ -31,6 +31,21 @@ def none_of(v: Any) -> Any:
     return None if v is None or (not isinstance(v, str) and pd.isna(v)) else v
 
 
+# what names a node (its rank and step, what it does and where): the graph's columns before times
+NODE_LABELS = [
+    "rank",
+    "step",
+    "kind",
+    "stage",
+    "phase",
+    "module",
+    "sharding",
+    "part",
+    "resource",
+    "thread",
+]
+
+
 def merge_same(nodes: pd.DataFrame) -> pd.DataFrame:
     """One main-thread node per (step, kind, module, sharding, part); collectives stay one each.
 
@@ -39,20 +54,8 @@ def merge_same(nodes: pd.DataFrame) -> pd.DataFrame:
     """
     coll = nodes[nodes["part"] == "collective"]
     m = nodes[nodes["part"] != "collective"]
-    keys = [
-        "rank",
-        "step",
-        "kind",
-        "stage",
-        "phase",
-        "module",
-        "sharding",
-        "part",
-        "resource",
-        "thread",
-    ]
     g = (
-        m.groupby(keys, dropna=False, sort=False)
+        m.groupby(NODE_LABELS, dropna=False, sort=False)
         .agg(
             start_us=("start_us", "min"),
             end_us=("end_us", "max"),

@@ -23,7 +23,14 @@ import pandas as pd
 from sparselift.analysis import names
 from sparselift.analysis.collectives import launched_collectives, pair_collectives
 from sparselift.analysis.edges import edge_frame, peer_edges, rank_edges
-from sparselift.analysis.node_rows import fill_modules, kind_of, main_rows, merge_same, none_of
+from sparselift.analysis.node_rows import (
+    NODE_LABELS,
+    fill_modules,
+    kind_of,
+    main_rows,
+    merge_same,
+    none_of,
+)
 from sparselift.analysis.stack import (
     annotate_stack,
     lookup_ids,
@@ -35,16 +42,7 @@ from sparselift.analysis.trace import Trace
 
 NODE_COLUMNS = [
     "node_id",
-    "rank",
-    "step",
-    "kind",
-    "stage",
-    "phase",
-    "module",
-    "sharding",
-    "part",
-    "resource",
-    "thread",
+    *NODE_LABELS,
     "start_us",
     "end_us",
     "dur_s",

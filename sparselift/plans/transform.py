@@ -71,8 +71,7 @@ class BatchTransform:
         self.model = model
         self.keys = [f for t in sharded_tables(model, splits) for f in t.feature_names]
         self._table_of = {f: t for t in model for f in t.feature_names}
-        self._kind, self._param, offsets = layout(model, self.splits)
-        self._offsets = offsets
+        self._kind, self._param, self._offsets = layout(model, self.splits)
         self._tables: dict[tuple[str, str, str], Tables] = {}
         self._programs: dict[tuple[str, ...], _Program] = {}
 
