@@ -385,3 +385,25 @@ def test_local_search_then_lowers_the_busiest_rank_at_the_same_step():
     for change in moves + swaps:
         s2, b2 = step_and_busiest({**out, **change})
         assert not (s2 <= step * (1 + 1e-12) and b2 < busiest * (1 - 1e-9)), change
+
+
+def test_sixteen_bit_must_also_pay_on_a_measured_reduce_scatter():
+    # one precision serves every output collective: where a profile measured the row-wise
+    # reduce-scatter cheaper per byte than (de)quantizing, 16-bit no longer pays on one host
+    from sparselift.optimizer.coefficients import MEASURED
+
+    topo = preset("h100x8", 8)
+    base = coefficients(topo)
+    q = base.quantize_b_s
+    a2a_dear = base.replace(
+        wire_b_s=10 * q,
+        output_dist_fwd=Linear(1e-5, 10 * q),
+        output_dist_bwd=Linear(1e-5, 10 * q),
+        output_dist_rs_fwd=Linear(1e-5, q / 2),
+        output_dist_rs_bwd=Linear(1e-5, q / 2),
+    )
+    # the reduce-scatter's cheap values assumed (the all-to-all's stand-in): a2a alone decides
+    half = choose_precision(CostModel(topo, 512, a2a_dear))
+    assert half == PlanWide("fp16", "bf16")
+    measured = a2a_dear.with_evidence(MEASURED, "p", ("output_dist_rs_fwd",))
+    assert choose_precision(CostModel(topo, 512, measured)) == PlanWide("fp32", "bf16")

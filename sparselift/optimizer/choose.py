@@ -25,6 +25,9 @@ def choose_precision(model: CostModel) -> PlanWide:
     is decided before the solve. w is the bytes' link: inside the host on one host (never more than
     the call's whole per-byte cost; host work per byte is not halved), the network otherwise.
     Gloo has no bf16 collectives (TorchRec falls back to fp16 there), so a CPU plan says fp16.
+    One precision serves every output collective, so on one host 16-bit must pay on the
+    all-to-all and, where a profile measured it, on the reduce-scatter of row-wise tables too
+    (unmeasured, that one stands in at the all-to-all's cost and adds no verdict of its own).
 
     Returns:
         The collective precision (pipeline "base": the solver decides it).
@@ -32,13 +35,16 @@ def choose_precision(model: CostModel) -> PlanWide:
     coeffs, multi = model.coeffs, model.topo.num_hosts > 1
     half_bwd = "bf16" if model.topo.device == "cuda" else "fp16"
 
-    def pays(b_intra: float) -> bool:
-        wire = coeffs.inter_host_b_s if multi else min(b_intra, coeffs.wire_b_s)
-        return coeffs.quantize_b_s < wire
+    def pays(a2a: str, rs: str) -> bool:
+        if multi:
+            return coeffs.quantize_b_s < coeffs.inter_host_b_s
+        kinds = [a2a, rs] if coeffs.measured(rs) else [a2a]
+        per_byte = min(getattr(coeffs, k).b_s for k in kinds)
+        return coeffs.quantize_b_s < min(per_byte, coeffs.wire_b_s)
 
     return PlanWide(
-        forward="fp16" if pays(coeffs.output_dist_fwd.b_s) else "fp32",
-        backward=half_bwd if pays(coeffs.output_dist_bwd.b_s) else "fp32",
+        forward="fp16" if pays("output_dist_fwd", "output_dist_rs_fwd") else "fp32",
+        backward=half_bwd if pays("output_dist_bwd", "output_dist_rs_bwd") else "fp32",
     )
 
 
