@@ -23,9 +23,9 @@ way chosen; the others carry no load.
   capacity (the rest for the placement's fragmentation). A relaxation, so its proven bound is a
   valid lower bound of the real optimum; the shards are placed afterwards (`placement`).
 
-Both share one builder for the class structure and fixed per-call costs, the step objective,
-the memory constraints and the warm start. Variables and constraints are created in a fixed
-order: CP-SAT's search, hence the plan, depends on it.
+Both share the class structure and fixed per-call costs, the step objective and the memory
+constraints (`formulation_shared`), and the warm start (`add_warm_start`, here). Variables and
+constraints are created in a fixed order: CP-SAT's search, hence the plan, depends on it.
 """
 
 from __future__ import annotations
@@ -37,18 +37,22 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from sparselift.optimizer.cost_model import group_of, type_fixed_costs
-from sparselift.optimizer.costs import DDR_COL, HBM_COL, LOAD_WIDTH, PHASES, PhaseTimes
+from sparselift.optimizer.costs import DDR_COL, HBM_COL, LOAD_WIDTH, PHASES
+from sparselift.optimizer.formulation_shared import (
+    PlaceVars,
+    UseVars,
+    add_memory_caps,
+    classes_and_fixed_costs,
+    minimize_step,
+    new_phase_max,
+    phase_upper_bounds,
+    to_ns,
+)
 from sparselift.optimizer.placement import cheapest_average
 from sparselift.optimizer.problem import NS, Problem, load_over_ranks
-from sparselift.optimizer.space import DP, Choice, OptionClass
+from sparselift.optimizer.space import Choice
 
-PPM = 1_000_000  # the pipeline overlap's resolution in the integer model
-ID_PHASE = PHASES.index("input_dist")
 AGGREGATE_MEMORY_SHARE = 0.95  # of the total capacity, the rest kept for the placement
-
-UseVars = dict[tuple[str, OptionClass], cp_model.IntVar]
-PlaceVars = dict[tuple[str, OptionClass, int], cp_model.IntVar]
 
 
 @dataclass
@@ -70,125 +74,6 @@ class CpModelVars:
     sparse_dist: cp_model.IntVar
     constant_s: float
     decomposed: bool
-
-
-def _ns(x: float) -> int:
-    return int(round(x * NS))
-
-
-# ------------------------------------------------------------------------------- shared builder
-def _classes_and_fixed_costs(
-    p: Problem, m: cp_model.CpModel, use: UseVars
-) -> tuple[list[Any], cp_model.IntVar]:
-    """Exactly one way per model table (itself or one of its splits, `split[table|i]`) and one
-    class per table of that way; `group_used` per (sharding type, kernel) group and `a2a_used`
-    per sharding type, implied by the chosen classes; each phase's fixed per-call cost as an
-    expression of them (one input_dist and one output collective per sharding type, the
-    reduce-scatter's for row-wise types, `cost_model.type_fixed_costs`; one TBE per group, as
-    TorchRec batches them); and the pipeline boolean.
-    Returns (fixed cost per phase, sparse_dist)."""
-    split_vars = []
-    for s in p.stats:
-        ways = p.alternatives(s.name)
-        if len(ways) == 1:
-            m.add_exactly_one([use[s.name, c] for c in p.classes[s.name]])
-            continue
-        chosen = [m.new_bool_var(f"split[{s.name}|{i}]") for i in range(len(ways))]
-        m.add_exactly_one(chosen)
-        for way, x in zip(ways, chosen, strict=True):
-            for name in way:
-                m.add(sum(use[name, c] for c in p.classes[name]) == x)
-        split_vars += chosen[1:]
-    groups: dict[tuple[str, str], cp_model.IntVar] = {}
-    for (_, c), v in use.items():
-        g = group_of(c)
-        if g not in groups:
-            groups[g] = m.new_bool_var(f"group_used[{g[0]}/{g[1]}]")
-        m.add_implication(v, groups[g])
-    types: dict[str, cp_model.IntVar] = {}
-    for (st, _), gv in groups.items():
-        if st != DP and st not in types:
-            types[st] = m.new_bool_var(f"a2a_used[{st}]")
-        if st != DP:
-            m.add_implication(gv, types[st])
-    coeffs = p.coeffs
-    fixed_cost: list[Any] = [0] * len(PHASES)
-    per_type = {st: type_fixed_costs(coeffs, st) for st in types}  # rs output for RW / TWRW
-    per_group = PhaseTimes(lookup_fwd=coeffs.lookup_fwd.a_s, lookup_bwd=coeffs.lookup_bwd.a_s)
-    for i in range(len(PHASES)):
-        fixed_cost[i] = sum(_ns(per_type[st][i]) * tv for st, tv in types.items()) + sum(
-            _ns(per_group[i]) * gv for gv in groups.values()
-        )
-    dp = [gv for (st, _), gv in groups.items() if st == DP]
-    if dp:
-        dp_fixed = _ns((1 - coeffs.dp_overlap) * coeffs.dp_allreduce.a_s)
-        fixed_cost[PHASES.index("dp_allreduce")] += dp_fixed * dp[0]
-    if split_vars:  # a split model writes the whole pooled output once more (`recombine_fixed_s`)
-        any_split = m.new_bool_var("any_split")
-        m.add_max_equality(any_split, split_vars)
-        whole = p.model.recombine_whole_s(p.stats)
-        fixed_cost[PHASES.index("lookup_fwd")] += _ns(whole) * any_split
-    sparse_dist = m.new_bool_var("pipeline_sparse_dist")
-    if not p.allow_sparse_dist:  # its pay-off is not measured (`robust.pipeline_measured`)
-        m.add(sparse_dist == 0)
-    return fixed_cost, sparse_dist
-
-
-def _phase_upper_bounds(p: Problem, load_ub: list[float], n_use: int) -> list[int]:
-    """Upper bounds of the phase max variables: the worst loads plus every fixed cost."""
-    c = p.coeffs
-    rs = (c.output_dist_rs_fwd.a_s, c.output_dist_rs_bwd.a_s)
-    fixed_ub = _ns(max(*(getattr(c, ph).a_s for ph in PHASES), *rs)) * (n_use + 4)
-    return [int(load_ub[i]) + fixed_ub + 1 for i in range(len(PHASES))]
-
-
-def _new_phase_max(m: cp_model.CpModel, phase_ub: list[int]) -> list[cp_model.IntVar]:
-    return [
-        m.new_int_var(0, max(1, phase_ub[i]), f"phase_max[{ph}]") for i, ph in enumerate(PHASES)
-    ]
-
-
-def _minimize_step(
-    p: Problem,
-    m: cp_model.CpModel,
-    phase_max: list[cp_model.IntVar],
-    phase_ub: list[int],
-    sparse_dist: cp_model.IntVar,
-    use: UseVars,
-) -> None:
-    """The objective: Σ phase max − what the pipeline hides of input_dist + its overhead, plus
-    the secondary objective: `risk_penalty_ns` per risky choice (`robust`), the pipeline one."""
-    coeffs = p.coeffs
-    hidden = m.new_int_var(0, max(1, phase_ub[ID_PHASE]), "input_dist_hidden_by_sparse_dist")
-    m.add(hidden * PPM <= int(round(coeffs.pipeline_overlap * PPM)) * phase_max[ID_PHASE])
-    m.add(hidden <= max(1, phase_ub[ID_PHASE]) * sparse_dist)
-    step = sum(phase_max) - hidden + _ns(coeffs.pipeline_overhead_s) * sparse_dist
-    if p.risk_penalty_ns:
-        risky = [v for key, v in use.items() if key in p.risky]
-        step += p.risk_penalty_ns * (sum(risky) + sparse_dist)
-    m.minimize(step)
-
-
-def _add_memory_caps(
-    p: Problem,
-    m: cp_model.CpModel,
-    hbm_load: Any,
-    ddr_load: Any,
-    sparse_dist: cp_model.IntVar,
-    *,
-    buffer: int,
-    hbm_cap: int,
-    ddr_cap: int,
-    name: str | None = None,
-) -> None:
-    """HBM and DDR loads (the pipeline's buffer where the tables live) within their caps."""
-    gpu = p.on_gpu
-    hbm = m.add(hbm_load + (buffer * sparse_dist if gpu else 0) <= hbm_cap)
-    if name is not None:
-        hbm.with_name(f"hbm[{name}]")
-    ddr = m.add(ddr_load + (0 if gpu else buffer * sparse_dist) <= ddr_cap)
-    if name is not None:
-        ddr.with_name(f"ddr[{name}]")
 
 
 def add_warm_start(p: Problem, built: CpModelVars, hint: Mapping[str, Choice] | None) -> None:
@@ -315,15 +200,15 @@ def build_exact(p: Problem) -> CpModelVars:
                 for h, z in enumerate(zs):
                     place[s.name, c, h] = z
                 m.add(sum(zs) == v)
-    fixed_cost, sparse_dist = _classes_and_fixed_costs(p, m, use)
+    fixed_cost, sparse_dist = classes_and_fixed_costs(p, m, use)
     parts = _exact_load_parts(p, use, place)
     shared = []
     for i in range(len(PHASES)):
         sv = m.new_int_var(0, int(parts.load_ub[i]) + 1, f"uniform_load[{PHASES[i]}]")
         m.add(sv == sum(parts.uniform[i]))
         shared.append(sv)
-    phase_ub = _phase_upper_bounds(p, parts.load_ub, len(use))
-    phase_max = _new_phase_max(m, phase_ub)
+    phase_ub = phase_upper_bounds(p, parts.load_ub, len(use))
+    phase_max = new_phase_max(m, phase_ub)
     for q in range(W):
         h = q // L
         rank_load = [
@@ -332,7 +217,7 @@ def build_exact(p: Problem) -> CpModelVars:
         ]
         for i in range(len(PHASES)):
             m.add(phase_max[i] >= rank_load[i])
-    _minimize_step(p, m, phase_max, phase_ub, sparse_dist, use)
+    minimize_step(p, m, phase_max, phase_ub, sparse_dist, use)
     # implied cuts that tighten the relaxation: the rank holding a table's (largest) shard carries
     # at least the load every rank carries plus that shard's own extra load
     for i in range(len(PHASES)):
@@ -345,7 +230,7 @@ def build_exact(p: Problem) -> CpModelVars:
             sum(parts.uniform[i]) + sum(parts.host_part[h][i]) + sum(parts.own_part[q][i])
             for i in (HBM_COL, DDR_COL)
         )
-        _add_memory_caps(
+        add_memory_caps(
             p,
             m,
             hbm_load,
@@ -376,7 +261,7 @@ def build_aggregate(p: Problem) -> CpModelVars:
         for s in p.tables
         for c in p.classes[s.name]
     }
-    fixed_cost, sparse_dist = _classes_and_fixed_costs(p, m, use)
+    fixed_cost, sparse_dist = classes_and_fixed_costs(p, m, use)
     summed: list[list[Any]] = [[] for _ in range(LOAD_WIDTH)]  # Σ_ranks load (÷ W below)
     load_ub = [0.0] * LOAD_WIDTH
     single: list[list[tuple[str, int, cp_model.IntVar]]] = [[] for _ in range(nph)]
@@ -392,12 +277,12 @@ def build_aggregate(p: Problem) -> CpModelVars:
                 summed[i].append(int(round(tot * scale)) * v)
                 worst[i] = max(worst[i], tot * scale)
                 if i < nph and terms.located != "all" and terms.own[i] * W > tot:
-                    single[i].append((s.name, _ns(terms.own[i]), v))
+                    single[i].append((s.name, to_ns(terms.own[i]), v))
         for i in range(LOAD_WIDTH):
             load_ub[i] += worst[i]
-    phase_ub = _phase_upper_bounds(p, load_ub, len(use))
+    phase_ub = phase_upper_bounds(p, load_ub, len(use))
     # phase_max·W ≥ Σ_ranks load  ⇔  phase_max ≥ the average rank's load; ·W keeps it integral
-    phase_max = _new_phase_max(m, phase_ub)
+    phase_max = new_phase_max(m, phase_ub)
     for i in range(nph):
         m.add(W * phase_max[i] >= sum(summed[i]) + W * fixed_cost[i])
         # a phase's max is at least the largest single shard's own load: one expression per table
@@ -407,9 +292,9 @@ def build_aggregate(p: Problem) -> CpModelVars:
             per_table.setdefault(name, []).append(coef * v)
         for own_load in per_table.values():
             m.add(phase_max[i] >= sum(own_load))
-    _minimize_step(p, m, phase_max, phase_ub, sparse_dist, use)
+    minimize_step(p, m, phase_max, phase_ub, sparse_dist, use)
     buffer = int(math.ceil(p.pipeline_buffer_bytes))
-    _add_memory_caps(
+    add_memory_caps(
         p,
         m,
         sum(summed[HBM_COL]),

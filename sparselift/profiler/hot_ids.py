@@ -12,9 +12,9 @@ then count descending, then id ascending. Each manifest `tables` entry's `hot_id
 (`HotIds.summary`) says what the rows are a part of: every lookup counted, every distinct id seen,
 whether the cap cut the set short; the entry's `num_embeddings` is the table's size when recorded.
 
-The optimizer reads them through `read_hot_ids` and refuses a stale profile with
-`check_table_size`; this module itself imports only numpy (pyarrow where a file is read or
-written), not torch.
+The optimizer reads them through `read_hot_ids` (its checks of the file against the manifest are
+in `hot_ids_checks`) and refuses a stale profile with `check_table_size`; this module itself
+imports only numpy (pyarrow where a file is read or written), not torch.
 """
 
 from __future__ import annotations
@@ -29,6 +29,14 @@ from typing import Any
 import numpy as np
 
 from sparselift.errors import UserError
+from sparselift.profiler.hot_ids_checks import (
+    COLUMNS,
+    SUMMARY_KEYS,
+    check_rows,
+    checked_summary,
+    manifest_int,
+    read_groups,
+)
 
 HOT_IDS = "hot_ids.parquet"
 HOT_IDS_COVERAGE = 0.9  # keep the hottest ids until they cover this share of lookups
@@ -36,8 +44,22 @@ HOT_IDS_COVERAGE = 0.9  # keep the hottest ids until they cover this share of lo
 # 32 MiB on every rank, about the most a "small" replicated table should hold; it also bounds the
 # file (two int64 per id).
 HOT_IDS_CAP = 65_536
-COLUMNS = ("table", "id", "count")
-SUMMARY_KEYS = ("lookups", "distinct_ids", "kept", "kept_lookups", "coverage", "cap", "capped")
+
+# Re-exported: the format's columns and summary keys are defined where they are checked.
+__all__ = [
+    "COLUMNS",
+    "HOT_IDS",
+    "HOT_IDS_CAP",
+    "HOT_IDS_COVERAGE",
+    "SUMMARY_KEYS",
+    "HotIds",
+    "check_table_size",
+    "ids_to_cover",
+    "read_hot_ids",
+    "record_hot_ids",
+    "select_hot",
+    "write_hot_ids",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -268,11 +290,11 @@ def read_hot_ids(profile_dir: str | Path) -> dict[str, HotIds]:
         if isinstance(t, dict) and isinstance(t.get("name"), str)
     }
     summaries = {
-        name: _summary(t, name, mpath)
+        name: checked_summary(t, name, mpath)
         for name, t in entries.items()
         if t.get("hot_ids") is not None
     }
-    groups = _read_groups(path)
+    groups = read_groups(path)
     out: dict[str, HotIds] = {}
     for name in groups:
         if name not in entries:
@@ -292,12 +314,14 @@ def read_hot_ids(profile_dir: str | Path) -> dict[str, HotIds]:
             counts=counts,
             lookups=s["lookups"],
             distinct_ids=s["distinct_ids"],
-            num_embeddings=_int(entries[name].get("num_embeddings"), "num_embeddings", name, mpath),
+            num_embeddings=manifest_int(
+                entries[name].get("num_embeddings"), "num_embeddings", name, mpath
+            ),
             capped=s["capped"],
             coverage=s["coverage"],
             cap=s["cap"],
         )
-        _check(hot, s, path)
+        check_rows(hot, s, path)
         out[name] = hot
     return out
 
@@ -312,95 +336,4 @@ def check_table_size(hot: HotIds, table: str, num_embeddings: int) -> None:
         raise UserError(
             f"table {table!r}: its hot ids were profiled with {hot.num_embeddings:,} rows but "
             f"the table has {int(num_embeddings):,} (stale profile: profile the job again)"
-        )
-
-
-def _int(v: Any, key: str, table: str, mpath: Path, low: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise UserError(f"{mpath}: table {table!r}: {key} {v!r} is not an integer >= {low}")
-    return v
-
-
-def _summary(entry: dict[str, Any], table: str, mpath: Path) -> dict[str, Any]:
-    """A manifest entry's hot_ids summary, its keys and types checked."""
-    s = entry["hot_ids"]
-    missing = [k for k in SUMMARY_KEYS if not isinstance(s, dict) or k not in s]
-    if missing:
-        raise UserError(f"{mpath}: table {table!r}: hot_ids lacks {', '.join(missing)}")
-    out = {k: _int(s[k], k, table, mpath) for k in ("lookups", "distinct_ids", "kept")}
-    out["kept_lookups"] = _int(s["kept_lookups"], "kept_lookups", table, mpath)
-    out["cap"] = _int(s["cap"], "cap", table, mpath, low=1)
-    cov = s["coverage"]
-    if isinstance(cov, bool) or not isinstance(cov, (int, float)) or not 0 < cov <= 1:
-        raise UserError(f"{mpath}: table {table!r}: hot_ids coverage {cov!r} is not in (0, 1]")
-    if not isinstance(s["capped"], bool):
-        raise UserError(f"{mpath}: table {table!r}: hot_ids capped {s['capped']!r} is not a bool")
-    if out["kept_lookups"] > out["lookups"] or out["kept"] > out["distinct_ids"]:
-        raise UserError(
-            f"{mpath}: table {table!r}: hot_ids keeps more than it counted "
-            f"({out['kept']} of {out['distinct_ids']} ids, "
-            f"{out['kept_lookups']} of {out['lookups']} lookups)"
-        )
-    return {**out, "coverage": float(cov), "capped": s["capped"]}
-
-
-def _read_groups(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The file's (ids, counts) per table; the columns' types and the table order checked."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        tbl = pq.read_table(path)
-    except Exception as e:  # any unreadable parquet is bad input, whatever pyarrow raises
-        raise UserError(f"{path}: unreadable Parquet ({e.__class__.__name__})") from None
-    missing = [c for c in COLUMNS if c not in tbl.column_names]
-    if missing:
-        raise UserError(f"{path}: missing columns {', '.join(missing)}")
-    for c in COLUMNS:
-        if tbl.column(c).null_count:
-            raise UserError(f"{path}: column {c!r} holds nulls")
-    col = tbl.column("table").combine_chunks()
-    if pa.types.is_dictionary(col.type):
-        col = col.dictionary_decode()
-    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-        raise UserError(f"{path}: column 'table' is {col.type}, not strings")
-    for c in ("id", "count"):
-        if not pa.types.is_integer(tbl.column(c).type):
-            raise UserError(f"{path}: column {c!r} is {tbl.column(c).type}, not integers")
-    enc = col.dictionary_encode()
-    idx = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    names = enc.dictionary.to_pylist()
-    if np.any(np.diff(idx) < 0) or names != sorted(names):
-        raise UserError(f"{path}: rows not sorted by table")
-    ids = tbl.column("id").to_numpy().astype(np.int64)
-    counts = tbl.column("count").to_numpy().astype(np.int64)
-    bounds = np.searchsorted(idx, np.arange(len(names) + 1), side="left")
-    return {
-        name: (ids[bounds[i] : bounds[i + 1]], counts[bounds[i] : bounds[i + 1]])
-        for i, name in enumerate(names)
-    }
-
-
-def _check(hot: HotIds, s: dict[str, Any], path: Path) -> None:
-    """One table's rows: ids inside the table, counts >= 1, ordered, agreeing with the summary."""
-    where = f"{path}: table {hot.table!r}"
-    ids, counts, n = hot.ids, hot.counts, hot.num_embeddings
-    if ids.size and (ids.min() < 0 or ids.max() >= n):
-        bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
-        raise UserError(f"{where}: id {bad} outside 0..{n - 1} (num_embeddings {n:,})")
-    if counts.size and counts.min() < 1:
-        raise UserError(f"{where}: count {int(counts.min())} is below 1")
-    if np.unique(ids).size < ids.size:
-        raise UserError(f"{where}: an id appears more than once")
-    ordered = (counts[:-1] > counts[1:]) | ((counts[:-1] == counts[1:]) & (ids[:-1] < ids[1:]))
-    if not ordered.all():
-        row = int(np.argmin(ordered)) + 1
-        raise UserError(
-            f"{where}: rows not by count descending, then id ascending (its row {row} of "
-            f"{ids.size})"
-        )
-    if ids.size != s["kept"] or hot.kept_lookups != s["kept_lookups"]:
-        raise UserError(
-            f"{where}: {ids.size} ids with {hot.kept_lookups} lookups, the manifest's summary "
-            f"says {s['kept']} with {s['kept_lookups']} (files from different runs mixed?)"
         )

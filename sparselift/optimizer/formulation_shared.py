@@ -1,0 +1,152 @@
+"""The parts both CP-SAT models of `formulation` build the same way, in the same order.
+
+`formulation.build_exact` and `formulation.build_aggregate` differ only in how they bound each
+phase's load; everything else is built here once so that the two cannot drift apart:
+
+* `classes_and_fixed_costs`: exactly one way per model table (itself or one of its splits) and
+  one class per table of that way; each phase's fixed per-call cost as an expression of which
+  sharding types and TBE groups are used; the pipeline boolean.
+* `phase_upper_bounds` / `new_phase_max`: the phase max variables and their bounds.
+* `minimize_step`: the objective (Σ phase max − hidden input_dist + pipeline overhead + the
+  risk penalty).
+* `add_memory_caps`: HBM and DDR within their caps, the pipeline's buffer included.
+
+Times are integer nanoseconds (`to_ns`), memory integer bytes. Each builder creates its variables
+and constraints in a fixed order: CP-SAT's search, hence the plan, depends on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from sparselift.optimizer.cost_model import group_of, type_fixed_costs
+from sparselift.optimizer.costs import PHASES, PhaseTimes
+from sparselift.optimizer.problem import NS, Problem
+from sparselift.optimizer.space import DP, OptionClass
+
+PPM = 1_000_000  # the pipeline overlap's resolution in the integer model
+ID_PHASE = PHASES.index("input_dist")
+
+UseVars = dict[tuple[str, OptionClass], cp_model.IntVar]
+PlaceVars = dict[tuple[str, OptionClass, int], cp_model.IntVar]
+
+
+def to_ns(x: float) -> int:
+    """`x` seconds as integer nanoseconds, rounded to the nearest."""
+    return int(round(x * NS))
+
+
+def classes_and_fixed_costs(
+    p: Problem, m: cp_model.CpModel, use: UseVars
+) -> tuple[list[Any], cp_model.IntVar]:
+    """Exactly one way per model table (itself or one of its splits, `split[table|i]`) and one
+    class per table of that way; `group_used` per (sharding type, kernel) group and `a2a_used`
+    per sharding type, implied by the chosen classes; each phase's fixed per-call cost as an
+    expression of them (one input_dist and one output collective per sharding type, the
+    reduce-scatter's for row-wise types, `cost_model.type_fixed_costs`; one TBE per group, as
+    TorchRec batches them); and the pipeline boolean.
+    Returns (fixed cost per phase, sparse_dist)."""
+    split_vars = []
+    for s in p.stats:
+        ways = p.alternatives(s.name)
+        if len(ways) == 1:
+            m.add_exactly_one([use[s.name, c] for c in p.classes[s.name]])
+            continue
+        chosen = [m.new_bool_var(f"split[{s.name}|{i}]") for i in range(len(ways))]
+        m.add_exactly_one(chosen)
+        for way, x in zip(ways, chosen, strict=True):
+            for name in way:
+                m.add(sum(use[name, c] for c in p.classes[name]) == x)
+        split_vars += chosen[1:]
+    groups: dict[tuple[str, str], cp_model.IntVar] = {}
+    for (_, c), v in use.items():
+        g = group_of(c)
+        if g not in groups:
+            groups[g] = m.new_bool_var(f"group_used[{g[0]}/{g[1]}]")
+        m.add_implication(v, groups[g])
+    types: dict[str, cp_model.IntVar] = {}
+    for (st, _), gv in groups.items():
+        if st != DP and st not in types:
+            types[st] = m.new_bool_var(f"a2a_used[{st}]")
+        if st != DP:
+            m.add_implication(gv, types[st])
+    coeffs = p.coeffs
+    fixed_cost: list[Any] = [0] * len(PHASES)
+    per_type = {st: type_fixed_costs(coeffs, st) for st in types}  # rs output for RW / TWRW
+    per_group = PhaseTimes(lookup_fwd=coeffs.lookup_fwd.a_s, lookup_bwd=coeffs.lookup_bwd.a_s)
+    for i in range(len(PHASES)):
+        fixed_cost[i] = sum(to_ns(per_type[st][i]) * tv for st, tv in types.items()) + sum(
+            to_ns(per_group[i]) * gv for gv in groups.values()
+        )
+    dp = [gv for (st, _), gv in groups.items() if st == DP]
+    if dp:
+        dp_fixed = to_ns((1 - coeffs.dp_overlap) * coeffs.dp_allreduce.a_s)
+        fixed_cost[PHASES.index("dp_allreduce")] += dp_fixed * dp[0]
+    if split_vars:  # a split model writes the whole pooled output once more (`recombine_fixed_s`)
+        any_split = m.new_bool_var("any_split")
+        m.add_max_equality(any_split, split_vars)
+        whole = p.model.recombine_whole_s(p.stats)
+        fixed_cost[PHASES.index("lookup_fwd")] += to_ns(whole) * any_split
+    sparse_dist = m.new_bool_var("pipeline_sparse_dist")
+    if not p.allow_sparse_dist:  # its pay-off is not measured (`robust.pipeline_measured`)
+        m.add(sparse_dist == 0)
+    return fixed_cost, sparse_dist
+
+
+def phase_upper_bounds(p: Problem, load_ub: list[float], n_use: int) -> list[int]:
+    """Upper bounds of the phase max variables: the worst loads plus every fixed cost."""
+    c = p.coeffs
+    rs = (c.output_dist_rs_fwd.a_s, c.output_dist_rs_bwd.a_s)
+    fixed_ub = to_ns(max(*(getattr(c, ph).a_s for ph in PHASES), *rs)) * (n_use + 4)
+    return [int(load_ub[i]) + fixed_ub + 1 for i in range(len(PHASES))]
+
+
+def new_phase_max(m: cp_model.CpModel, phase_ub: list[int]) -> list[cp_model.IntVar]:
+    return [
+        m.new_int_var(0, max(1, phase_ub[i]), f"phase_max[{ph}]") for i, ph in enumerate(PHASES)
+    ]
+
+
+def minimize_step(
+    p: Problem,
+    m: cp_model.CpModel,
+    phase_max: list[cp_model.IntVar],
+    phase_ub: list[int],
+    sparse_dist: cp_model.IntVar,
+    use: UseVars,
+) -> None:
+    """The objective: Σ phase max − what the pipeline hides of input_dist + its overhead, plus
+    the secondary objective: `risk_penalty_ns` per risky choice (`robust`), the pipeline one."""
+    coeffs = p.coeffs
+    hidden = m.new_int_var(0, max(1, phase_ub[ID_PHASE]), "input_dist_hidden_by_sparse_dist")
+    m.add(hidden * PPM <= int(round(coeffs.pipeline_overlap * PPM)) * phase_max[ID_PHASE])
+    m.add(hidden <= max(1, phase_ub[ID_PHASE]) * sparse_dist)
+    step = sum(phase_max) - hidden + to_ns(coeffs.pipeline_overhead_s) * sparse_dist
+    if p.risk_penalty_ns:
+        risky = [v for key, v in use.items() if key in p.risky]
+        step += p.risk_penalty_ns * (sum(risky) + sparse_dist)
+    m.minimize(step)
+
+
+def add_memory_caps(
+    p: Problem,
+    m: cp_model.CpModel,
+    hbm_load: Any,
+    ddr_load: Any,
+    sparse_dist: cp_model.IntVar,
+    *,
+    buffer: int,
+    hbm_cap: int,
+    ddr_cap: int,
+    name: str | None = None,
+) -> None:
+    """HBM and DDR loads (the pipeline's buffer where the tables live) within their caps."""
+    gpu = p.on_gpu
+    hbm = m.add(hbm_load + (buffer * sparse_dist if gpu else 0) <= hbm_cap)
+    if name is not None:
+        hbm.with_name(f"hbm[{name}]")
+    ddr = m.add(ddr_load + (0 if gpu else buffer * sparse_dist) <= ddr_cap)
+    if name is not None:
+        ddr.with_name(f"ddr[{name}]")
