@@ -1,22 +1,36 @@
 """Does the calibration predict plans it never saw, and rank them as they measure?
 
 Per workload (tiny, multihot-26 and criteo-kaggle, rows capped), on 2 CPU ranks:
-1. profile TorchRec's plan under the base and the sparse-dist pipeline and at 16-bit collectives,
-   and calibrate on the three (`analyze BASE SPARSE_DIST BASE_16BIT`, as `tune` starts from: the
-   pipeline's overlap and the quantize cost measured);
-2. plan with `optimize --profile` (SparseLift's plan), and take TorchRec's plan, round-robin
-   table-wise, and three one-decision neighbours of SparseLift's plan (the other pipeline, the
-   other comm precision, its heaviest table moved: `plan_set.neighbours`) — six plans;
-3. profile every plan `--repeats` times in interleaved passes (A B C … A B C), each pass timing
-   steady steps after its window;
-4. predict every plan with the optimizer's cost model (`predict_plan`, what the solver minimizes)
-   from the calibration of step 1, and compare with the measured steady step (median over the
-   passes of each pass's median after the window, slowest rank).
+1. calibrate on TorchRec's plan: profile it under the base and the sparse-dist pipeline and at
+   16-bit collectives, and `analyze BASE SPARSE_DIST BASE_16BIT` (as `tune` starts from: the
+   pipeline's overlap and the quantize cost measured) — the calibration trio;
+2. plan with `optimize --profile` on that calibration (SparseLift's plan), and take TorchRec's
+   plan, round-robin table-wise, and three one-decision neighbours of SparseLift's plan (the
+   other pipeline, the other comm precision, its heaviest table moved: `plan_set.neighbours`) —
+   six plans, made once, before any plan is measured;
+3. `--repeats` passes; pass r first calibrates again (the trio of step 1 into pass r's own
+   directories; pass 0 is step 1's calibration), then profiles each plan once, timing steady
+   steps after its window;
+4. predict each plan in pass r with the optimizer's cost model (`predict_plan`, what the solver
+   minimizes) from pass r's calibration, and compare with pass r's measured steady step (median
+   after the window, slowest rank).
 
-Targets: |predicted − measured| ≤ 10 % for ≥ 90 % of the plans, and the predicted order of the
-plans matches the measured order (Kendall τ ≥ 0.8, per workload and pooled). Also printed: the
-pairs the measurement itself orders (their pass ranges do not overlap) and how many of them the
-prediction orders alike; pairs inside each other's noise cannot confirm or refute a ranking.
+Why paired in time: a shared host's speed drifts over minutes, and a calibration made long before
+the measurements carries the host's speed of then into every prediction. Calibrating within each
+pass, just before that pass's plans, makes each pass's error a comparison under one host state.
+The calibration profiles are runs of their own, separate from the measured plan runs (TorchRec's
+plan too is profiled again as a plan), so no plan is predicted from its own measurement.
+
+Reported per plan: the prediction (median over the passes of the per-pass predictions), the
+measured step (median over the passes), their range, the paired error (median over r of
+(pred_r − meas_r) / meas_r) and, for comparison with a single calibration, the unpaired error
+(pass 0's prediction against the median measured step).
+
+Targets: paired |error| ≤ 10 % for ≥ 90 % of the plans, and the predicted order of the plans
+(prediction medians) matches the measured order (measured medians): Kendall τ ≥ 0.8 per
+workload. Also printed: the pairs the measurement itself orders (their pass ranges do not
+overlap) and how many of them the prediction orders alike; pairs inside each other's noise
+cannot confirm or refute a ranking.
 
     .venv/bin/python benchmarks/bench_prediction.py                       # 3 workloads
     .venv/bin/python benchmarks/bench_prediction.py --workloads tiny --repeats 1   # quick
@@ -30,16 +44,40 @@ import json
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cli_steps import sh
 from plan_set import neighbours
 
+from sparselift import plans
+from sparselift.analysis.compare import steady_steps
+from sparselift.optimizer.coefficients import coefficients, load_calibration
+from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.predict import predict_plan
+from sparselift.optimizer.table_stats import TableStats, stats_from_profile
+from sparselift.optimizer.topology import Topology, profiled_topology
 from sparselift.tune import sixteen_bit_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_ROWS = {"tiny": None, "multihot-26": 200_000, "criteo-kaggle": 200_000}
+
+
+@dataclass
+class Calibrated:
+    """One calibration trio's outcome: the base profile's directory, calibration.json's object,
+    the tables as profiled, the per-rank batch and the profiled topology."""
+
+    base: Path
+    cal: dict[str, Any]
+    stats: list[TableStats]
+    batch: int
+    topo: Topology
+
+    def predict(self, plan: plans.Plan) -> float:
+        """`plan`'s step time (s) under the cost model with this calibration."""
+        return predict_plan(plan, self.stats, self.cal, self.topo, self.batch).step_time_s
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -92,79 +130,70 @@ def profile(
     )
 
 
-def make_plans(work: Path, common: list[str], args: argparse.Namespace) -> dict[str, Path]:
-    """Calibrate on TorchRec's plan (both pipelines), then write the six plans; name → file."""
-    from sparselift import plans
-    from sparselift.optimizer.coefficients import coefficients, load_calibration
-    from sparselift.optimizer.cost_model import CostModel
-    from sparselift.optimizer.table_stats import stats_from_profile
-    from sparselift.optimizer.topology import profiled_topology
+def calibrate(torchrec: Path, d: Path, common: list[str], args: argparse.Namespace) -> Calibrated:
+    """The calibration trio in `d`: `torchrec` profiled under base and sparse-dist and at 16-bit
+    collectives, `analyze` on the three; its outcome, read back."""
+    base, sd, half = d / "calib", d / "calib-sparse-dist", d / "calib-16bit"
+    profile(torchrec, base, common, args, "base")
+    profile(torchrec, sd, common, args, "sparse-dist")
+    profile(Path(sixteen_bit_copy(str(torchrec), d)), half, common, args, "base")
+    sh("analyze", str(base), str(sd), str(half), log=sys.stderr)
+    cal = load_calibration(base / "calibration.json")
+    stats, batch = stats_from_profile(base)
+    return Calibrated(base, cal, stats, batch, profiled_topology(cal, str(base)))
 
+
+def make_plans(
+    work: Path, common: list[str], args: argparse.Namespace
+) -> tuple[dict[str, Path], Calibrated]:
+    """Calibrate (pass 0's trio), then write the six plans; (name → file, pass 0's calibration)."""
     torchrec, rr, ours = work / "torchrec.json", work / "round_robin.json", work / "sparselift.json"
     world = ["--world-size", str(args.nproc)]
     sh("plan", "from-torchrec", *common, *world, "--out", str(torchrec), log=sys.stderr)
     sh("plan", "round-robin", *common, *world, "--out", str(rr), log=sys.stderr)
-    base, sd, half = work / "calib", work / "calib-sparse-dist", work / "calib-16bit"
-    profile(torchrec, base, common, args, "base")
-    profile(torchrec, sd, common, args, "sparse-dist")
-    profile(Path(sixteen_bit_copy(str(torchrec), work)), half, common, args, "base")
-    sh("analyze", str(base), str(sd), str(half), log=sys.stderr)
+    c0 = calibrate(torchrec, work / "pass0", common, args)
     opt = ["--time-limit", str(args.time_limit), "--out", str(ours)]
-    sh("optimize", "--profile", str(base), *opt, log=sys.stderr)
+    sh("optimize", "--profile", str(c0.base), *opt, log=sys.stderr)
     out = {"sparselift": ours, "torchrec": torchrec, "round_robin": rr}
-    cal = load_calibration(base / "calibration.json")
-    stats, batch = stats_from_profile(base)
-    topo = profiled_topology(cal, str(base))
-    model = CostModel(topo, batch, coefficients(topo, cal))
-    for i, (label, p) in enumerate(neighbours(plans.load(ours), stats, model)[:3]):
+    model = CostModel(c0.topo, c0.batch, coefficients(c0.topo, c0.cal))
+    for i, (label, p) in enumerate(neighbours(plans.load(ours), c0.stats, model)[:3]):
         path = work / f"neighbour{i}.json"
         plans.save(p, path)
         out[f"n{i}: {label}"] = path
-    return out
-
-
-def measure(
-    named: dict[str, Path], work: Path, common: list[str], args: argparse.Namespace
-) -> dict[str, list[float]]:
-    """Each plan's steady step per interleaved pass (median after the window, slowest rank)."""
-    from sparselift.analysis.compare import steady_steps
-
-    steps: dict[str, list[float]] = {name: [] for name in named}
-    for r in range(args.repeats):
-        for i, (name, plan) in enumerate(named.items()):
-            out = work / f"plan{i}" / f"pass{r}"
-            profile(plan, out, common, args)
-            steps[name].append(steady_steps(out).median_s)
-    return steps
+    return out, c0
 
 
 def run_workload(workload: str, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
-    """The six plans of one workload: predicted and measured steady step, error."""
-    from sparselift import plans
-    from sparselift.optimizer.coefficients import load_calibration
-    from sparselift.optimizer.predict import predict_plan
-    from sparselift.optimizer.table_stats import stats_from_profile
-    from sparselift.optimizer.topology import profiled_topology
-
+    """The six plans of one workload, measured and predicted pass by pass (each pass calibrated
+    just before its plans); per plan the medians, the passes and both errors."""
     common = _common(workload, MAX_ROWS.get(workload))
-    named = make_plans(work, common, args)
-    measured = measure(named, work, common, args)
-    base = work / "calib"
-    cal = load_calibration(base / "calibration.json")
-    stats, batch = stats_from_profile(base)
-    topo = profiled_topology(cal, str(base))
+    named, c0 = make_plans(work, common, args)
+    loaded = {name: plans.load(path) for name, path in named.items()}
+    meas: dict[str, list[float]] = {name: [] for name in named}
+    pred: dict[str, list[float]] = {name: [] for name in named}
+    for r in range(args.repeats):
+        c = c0 if r == 0 else calibrate(work / "torchrec.json", work / f"pass{r}", common, args)
+        for i, name in enumerate(named):
+            out = work / f"plan{i}" / f"pass{r}"
+            profile(named[name], out, common, args)
+            meas[name].append(steady_steps(out).median_s)
+            pred[name].append(c.predict(loaded[name]))
     rows = []
-    for name, path in named.items():
-        pred = predict_plan(plans.load(path), stats, cal, topo, batch).step_time_s
-        meas = statistics.median(measured[name])
+    for name in named:
+        m = statistics.median(meas[name])
         rows.append(
             dict(
                 workload=workload,
                 plan=name,
-                predicted_s=pred,
-                measured_s=meas,
-                passes_s=measured[name],
-                error=(pred - meas) / meas,
+                predicted_s=statistics.median(pred[name]),
+                measured_s=m,
+                passes_s=meas[name],
+                predicted_passes_s=pred[name],
+                error=statistics.median(
+                    [(p - x) / x for p, x in zip(pred[name], meas[name], strict=True)]
+                ),
+                unpaired_predicted_s=pred[name][0],
+                unpaired_error=(pred[name][0] - m) / m,
             )
         )
     return rows
@@ -172,31 +201,44 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path) -> list[di
 
 def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Print each plan's figures, each workload's τ, and the targets; return the summary."""
-    print(f"{'workload':<14} {'plan':<44} {'pred. ms':>9} {'meas. ms':>9} {'passes ms':>17} error")
-    taus = {}
+    print(
+        f"{'workload':<14} {'plan':<44} {'pred. ms':>9} {'meas. ms':>9} {'passes ms':>17} "
+        f"{'paired':>7} {'unpaired':>8}"
+    )
+    taus, taus_unpaired = {}, {}
     for wl, group in itertools.groupby(rows, key=lambda r: r["workload"]):
         g = list(group)
         for r in g:
             passes = "–".join(f"{x * 1e3:.1f}" for x in (min(r["passes_s"]), max(r["passes_s"])))
             print(
                 f"{wl:<14} {r['plan'][:44]:<44} {r['predicted_s'] * 1e3:9.2f} "
-                f"{r['measured_s'] * 1e3:9.2f} {passes:>17} {r['error']:+6.1%}"
+                f"{r['measured_s'] * 1e3:9.2f} {passes:>17} {r['error']:+7.1%} "
+                f"{r['unpaired_error']:+8.1%}"
             )
-        taus[wl] = kendall_tau([r["predicted_s"] for r in g], [r["measured_s"] for r in g])
+        measured = [r["measured_s"] for r in g]
+        taus[wl] = kendall_tau([r["predicted_s"] for r in g], measured)
+        taus_unpaired[wl] = kendall_tau([r["unpaired_predicted_s"] for r in g], measured)
         agree, resolved = resolved_pairs(g)
         print(
-            f"{wl:<14} Kendall τ (predicted vs measured order) {taus[wl]:.2f}; pairs the "
-            f"measurement orders: {resolved} of {len(g) * (len(g) - 1) // 2}, predicted alike "
-            f"{agree}"
+            f"{wl:<14} Kendall τ (predicted vs measured order) {taus[wl]:.2f} "
+            f"(unpaired {taus_unpaired[wl]:.2f}); pairs the measurement orders: {resolved} of "
+            f"{len(g) * (len(g) - 1) // 2}, predicted alike {agree}"
         )
     within = sum(abs(r["error"]) <= 0.10 for r in rows)
+    within_unpaired = sum(abs(r["unpaired_error"]) <= 0.10 for r in rows)
     share = within / len(rows)
     print(
-        f"within 10 %: {within}/{len(rows)} plans ({share:.0%}; target ≥ 90 %); "
-        f"Kendall τ per workload {', '.join(f'{w} {t:.2f}' for w, t in taus.items())} "
-        "(target ≥ 0.8)"
+        f"within 10 % (paired): {within}/{len(rows)} plans ({share:.0%}; target ≥ 90 %), "
+        f"unpaired {within_unpaired}/{len(rows)}; Kendall τ per workload "
+        f"{', '.join(f'{w} {t:.2f}' for w, t in taus.items())} (target ≥ 0.8)"
     )
-    return {"rows": rows, "kendall_tau": taus, "within_10pct": share}
+    return {
+        "rows": rows,
+        "kendall_tau": taus,
+        "kendall_tau_unpaired": taus_unpaired,
+        "within_10pct": share,
+        "within_10pct_unpaired": within_unpaired / len(rows),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", default=list(MAX_ROWS))
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8, help="profiled steps per run")
-    ap.add_argument("--after", type=int, default=10, help="steady steps timed after each window")
-    ap.add_argument("--repeats", type=int, default=2, help="interleaved passes over the plans")
+    ap.add_argument("--after", type=int, default=20, help="steady steps timed after each window")
+    ap.add_argument(
+        "--repeats", type=int, default=2, help="passes (calibration, then each plan once)"
+    )
     ap.add_argument("--time-limit", type=float, default=20.0)
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the work here")
     args = ap.parse_args(argv)
