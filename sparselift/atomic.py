@@ -49,13 +49,28 @@ def unwritable_reason(path: str | Path) -> str | None:
 def check_writable(path: str | Path) -> Path:
     """Refuse, before any work is done, a file path that `write_bytes` could not write.
 
-    Commands that compute for a while call this on their output paths first.
+    Commands that compute for a while call this on their output paths first. Beyond
+    `unwritable_reason`, it creates (and at once removes) an empty temp file in the folder, as
+    `write_bytes` will: a read-only or virtual file system (/proc) or a folder without write
+    permission is refused now, not after the work, when other outputs may already be written.
 
     Returns:
         `path` as a Path.
     Raises:
         UnwritablePathError: "cannot write <path>: <why>".
     """
+    path = _refuse_unwritable(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+    except OSError as e:
+        raise UnwritablePathError(f"cannot write {path}: {e.strerror or e}") from None
+    os.close(fd)
+    os.unlink(tmp)
+    return path
+
+
+def _refuse_unwritable(path: str | Path) -> Path:
+    """`path` as a Path; UnwritablePathError where `unwritable_reason` gives a reason."""
     reason = unwritable_reason(path)
     if reason is not None:
         raise UnwritablePathError(f"cannot write {path}: {reason}")
@@ -69,7 +84,7 @@ def write_bytes(path: str | Path, data: bytes) -> None:
         UnwritablePathError: the path cannot be written ("cannot write <path>: <why>"); nothing
             is left behind.
     """
-    path = check_writable(path)
+    path = _refuse_unwritable(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:

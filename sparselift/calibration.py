@@ -15,6 +15,7 @@ and the field.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,13 +226,22 @@ class Calibration:
         prov = doc.get("provenance")
         if prov is not None and not isinstance(prov, Mapping):
             raise UserError(f"{where}: provenance must be an object")
+        dense_step_s = _optional_number(doc, "dense_step_s", where)
+        if dense_step_s is not None and not (math.isfinite(dense_step_s) and dense_step_s >= 0):
+            raise UserError(
+                f"{where}: dense_step_s must be a finite number >= 0, got {dense_step_s}"
+            )
+        for key in ("world_size", "batch_size"):
+            n = _optional(doc, key, int, where)
+            if n is not None and n < 1:
+                raise UserError(f"{where}: {key} must be at least 1, got {n}")
         return cls(
             device=_optional(doc, "device", str, where),
             backend=_optional(doc, "backend", str, where),
             world_size=_optional(doc, "world_size", int, where),
             batch_size=_optional(doc, "batch_size", int, where),
             ops={str(kind): _op_fit(kind, op, where) for kind, op in ops.items()},
-            dense_step_s=_optional_number(doc, "dense_step_s", where),
+            dense_step_s=dense_step_s,
             provenance=_provenance(prov or {}, where),
             pipeline_overlap=_optional_number(doc, "pipeline_overlap", where),
             pipeline_overhead_s=_optional_number(doc, "pipeline_overhead_s", where),
@@ -314,6 +324,9 @@ def _op_fit(kind: Any, op: Any, where: str) -> OpFit:
     """One entry of `ops`, checked: numeric a_s and b_s, and the optional fields' types."""
     if not isinstance(op, Mapping) or not all(_is_number(op.get(k)) for k in ("a_s", "b_s")):
         raise UserError(f"{where}: op {kind!r} needs numeric a_s and b_s")
+    bad = next((k for k in ("a_s", "b_s") if not math.isfinite(op[k])), None)
+    if bad is not None:
+        raise UserError(f"{where}: op {kind!r}: {bad} must be finite, got {op[bad]!r}")
     at = f"op {kind!r}: "
     x = _optional(op, "x", str, where, at)
     n = _optional(op, "n", int, where, at)

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,9 +32,9 @@ import numpy as np
 
 from sparselift.analysis.compare import steady_steps
 from sparselift.atomic import write_bytes, write_json
-from sparselift.bench import Contender, run_bench
+from sparselift.bench import MAX_ROUNDS, Contender, run_bench
 from sparselift.errors import UserError
-from sparselift.workloads.harness import TrainConfig
+from sparselift.workloads.harness import MAX_STEPS, TrainConfig
 
 RESAMPLES = 4000  # bootstrap resamples of the A/B rounds
 CONFIDENCE = 0.95
@@ -167,7 +168,7 @@ def tune(
     Returns:
         The TuneResult (also in `work`/tune.json).
     Raises:
-        UserError: bad arguments (before anything runs).
+        UserError: bad arguments (before anything runs: `check_loop_args`, an unusable `work`).
         StepFailed: a step failed (its error already printed); `out` is not touched.
     """
     if not 1 <= max_iterations <= 20:
@@ -175,8 +176,14 @@ def tune(
     if min_gain is not None and not 0.0 <= min_gain <= 10.0:  # NaN fails both
         raise UserError(f"--min-gain must be in 0..10, got {min_gain}")
     spec = cfg.validate()
+    check_loop_args(cfg, rounds, profile_steps, after, time_limit_s, baseline)
     work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
+    if work.exists() and not work.is_dir():
+        raise UserError(f"--work {work}: not a directory")
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--work {work}: cannot create it ({e.strerror or e})") from None
     common = [
         "--workload",
         cfg.workload,
@@ -269,6 +276,33 @@ def tune(
     write_bytes(out, Path(shipped).read_bytes())
     echo(f"tune: {result.reason}; wrote {out} ({spec.name}, {cfg.nproc} ranks)")
     return result
+
+
+def check_loop_args(
+    cfg: TrainConfig,
+    rounds: int,
+    profile_steps: int,
+    after: int,
+    time_limit_s: float,
+    baseline: str | None,
+) -> None:
+    """Refuse up front what a step of the loop would refuse only after others ran (and in two
+    lines: the step's and the loop's): the A/B's rounds, the profiles' steps, optimize's time
+    limit, and a baseline plan that is unreadable or does not fit `cfg`'s workload and ranks.
+
+    Raises:
+        UserError: one line naming the flag (or the plan file and what does not fit).
+    """
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise UserError(f"--rounds must be in 1..{MAX_ROUNDS}, got {rounds:,}")
+    if not 1 <= profile_steps <= MAX_STEPS:
+        raise UserError(f"--profile-steps must be in 1..{MAX_STEPS:,}, got {profile_steps:,}")
+    if not 0 <= after <= MAX_STEPS:
+        raise UserError(f"--after must be in 0..{MAX_STEPS:,}, got {after:,}")
+    if not (math.isfinite(time_limit_s) and time_limit_s > 0):
+        raise UserError(f"--time-limit must be a finite number > 0, got {time_limit_s}")
+    if baseline is not None:
+        dataclasses.replace(cfg, plan=baseline).validate()
 
 
 def _ab(

@@ -20,10 +20,7 @@ from sparselift.analysis.pool import ParseStats, R, rss_mib, run_per_rank, worke
 from sparselift.analysis.reconstruct import rank_nodes
 from sparselift.analysis.trace import Trace, load_trace
 from sparselift.errors import UserError
-from sparselift.jsonfile import read_versioned
-
-# as sparselift.profiler.manifest writes it (not imported: the profiler package pulls in torch)
-PROFILE_FORMAT, PROFILE_VERSION = "sparselift-profile", 1
+from sparselift.profile_manifest import read_manifest  # also imported from here by its callers
 
 
 @dataclass
@@ -59,21 +56,6 @@ class StepSpan(NamedTuple):
     steps: list[int]
     start_us: float
     end_us: float
-
-
-def read_manifest(d: Path) -> dict[str, Any]:
-    """`d`/manifest.json, checked: a profile manifest of this version with a positive world_size.
-
-    Raises:
-        UserError: missing, not a profile manifest, or no valid world_size.
-    """
-    p = d / "manifest.json"
-    if not p.is_file():
-        raise UserError(f"{p}: missing (not a sparselift profile directory)")
-    m = read_versioned(p, PROFILE_FORMAT, PROFILE_VERSION, "profile manifest")
-    if not isinstance(m.get("world_size"), int) or m["world_size"] < 1:
-        raise UserError(f"{p}: 'world_size' missing or not a positive integer")
-    return m
 
 
 def trace_path(d: Path, rank: int, manifest: dict[str, Any]) -> Path:

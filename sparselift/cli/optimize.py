@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparselift.errors import UserError
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 DEFAULT_BASELINE_TIMEOUT_S = 20.0
 # Bounds of the number flags: past them the solver's integer model overflows or is refused.
 MAX_WORLD_SIZE = 2**16
+MAX_SEED = 2**31 - 1
 MAX_BATCH_SIZE = 2**24
 MAX_WORKERS = 1024
 
@@ -259,9 +261,18 @@ def _check_flags(args: argparse.Namespace) -> None:
     positive("--time-limit", args.time_limit)
     positive("--baseline-timeout", args.baseline_timeout)
     positive("--min-gain", args.min_gain, zero_ok=True)
+    if not 0 <= args.seed <= MAX_SEED:  # CP-SAT's random_seed is a 32-bit int
+        raise UserError(f"--seed must be in 0..{MAX_SEED:,}, got {args.seed:,}")
+    if args.profile:  # what-if flags a profile would silently ignore
+        if args.calibration is not None:
+            raise UserError("--calibration is for --workload: a --profile prices with its own")
+        if args.max_rows is not None:
+            raise UserError("--max-rows is for --workload: a --profile's tables are as profiled")
     check_writable(args.out)
     if args.baseline_out:
         check_writable(args.baseline_out)
+        if Path(args.baseline_out).resolve() == Path(args.out).resolve():
+            raise UserError(f"--baseline-out {args.baseline_out} is also --out: give two files")
 
 
 def _report(

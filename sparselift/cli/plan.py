@@ -201,6 +201,7 @@ def run_validate(args: argparse.Namespace) -> int:
         PlanError: the plan is bad or does not fit (every problem listed).
         UserError: a bad workload or number.
     """
+    from sparselift.errors import UserError
     from sparselift.plans import load
     from sparselift.workloads.spec import load_workload
 
@@ -213,6 +214,11 @@ def run_validate(args: argparse.Namespace) -> int:
     if spec is not None:
         plan.check_spec(spec.fingerprints(), world)
         what = f", fits {args.workload}" + (f" --max-rows {args.max_rows}" if args.max_rows else "")
+    elif world != plan.topology.world_size:  # check_spec says so too, with the model's tables
+        raise UserError(
+            f"{args.plan}: plan is for world_size {plan.topology.world_size}, not --world-size "
+            f"{world}"
+        )
     print(f"{args.plan}: valid plan, {len(plan.tables)} tables on {world} ranks{what}")
     return 0
 

@@ -6,7 +6,6 @@ check`), so that they refuse the same directories with the same messages.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from sparselift import plans
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import load_calibration
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
+from sparselift.profile_manifest import read_manifest
 from sparselift.profiler.hot_ids import HotIds, read_hot_ids
 
 
@@ -50,7 +50,7 @@ def read_profile(profile_dir: str | Path, *, need_calibration: bool) -> ProfileI
         The statistics, batch size and calibration.
     Raises:
         UserError: not a directory; a profile of a model with split tables; no calibration.json
-            where needed; a bad calibration.json,
+            where needed; a bad calibration.json, manifest.json (`read_manifest`),
             access_stats.parquet or hot_ids.parquet (the message names the file).
     """
     cal = Path(profile_dir, "calibration.json")
@@ -61,6 +61,7 @@ def read_profile(profile_dir: str | Path, *, need_calibration: bool) -> ProfileI
             f"{profile_dir} has no calibration.json: run `sparselift analyze {profile_dir}` first"
         )
     calibration = load_calibration(cal) if cal.is_file() else None
+    manifest = read_manifest(profile_dir)
     stats, batch = stats_from_profile(profile_dir)
     virtual = [s.name for s in stats if _virtual(s)]
     if virtual:
@@ -69,7 +70,6 @@ def read_profile(profile_dir: str | Path, *, need_calibration: bool) -> ProfileI
             f"{', '.join(virtual[:3])}{' …' if len(virtual) > 3 else ''}); planning reads the "
             "model's own tables: profile the job with a plan without splits"
         )
-    manifest = json.loads(Path(profile_dir, "manifest.json").read_text())
     recorded = (manifest.get("files") or {}).get("hot_ids")
     hot = read_hot_ids(profile_dir) if recorded else None
     return ProfileInput(stats, batch, calibration, plan_in_force(manifest), hot)

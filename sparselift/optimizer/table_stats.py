@@ -85,7 +85,10 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
         raise UserError(
             f"{profile_dir}: no access_stats.parquet (run `sparselift profile` to make a profile)"
         )
-    df = pd.read_parquet(path)
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:  # any unreadable parquet is bad input, whatever pyarrow raises
+        raise UserError(f"{path}: unreadable Parquet ({e.__class__.__name__})") from None
     need = {"table", "num_embeddings", "embedding_dim", "batch_size", "ids"}
     missing = sorted(need - set(df.columns))
     if missing or df.empty:
@@ -119,19 +122,27 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
 
 
 def _manifest_features(profile_dir: Path) -> dict[str, list[str]]:
-    """Feature names per table from manifest.json where it lists the model's tables."""
+    """Feature names per table from manifest.json where it lists the model's tables (a list of
+    names; anything else, or a manifest that cannot be read, gives the table's own name)."""
     try:
         m = json.loads((profile_dir / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
         return {}
+    if not isinstance(m, dict):
+        return {}
+    model, workload = m.get("model"), m.get("workload")  # a manifest's workload is its name
     tables = (
-        (m.get("model") or {}).get("tables")
+        (model.get("tables") if isinstance(model, dict) else None)
         or m.get("tables")
-        or (m.get("workload") or {}).get("tables")
+        or (workload.get("tables") if isinstance(workload, dict) else None)
         or []
     )
     out = {}
     for t in tables if isinstance(tables, list) else []:
-        if isinstance(t, dict) and "name" in t:
-            out[t["name"]] = list(t.get("feature_names") or [t["name"]])
+        if isinstance(t, dict) and isinstance(t.get("name"), str):
+            names = t.get("feature_names")
+            if isinstance(names, list) and names and all(isinstance(f, str) for f in names):
+                out[t["name"]] = list(names)
+            else:
+                out[t["name"]] = [t["name"]]
     return out

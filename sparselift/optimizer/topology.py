@@ -9,6 +9,7 @@ compute rates elements/s; everything the cost model needs beyond the calibration
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from sparselift.jsonfile import read_versioned
 FORMAT = "sparselift-topology"
 VERSION = 1
 GiB = 1024**3
+MAX_WORLD_SIZE = 2**16  # as plans allow (`sparselift.plans.types`)
 DEVICES = ("cpu", "cuda")
 
 
@@ -72,10 +74,19 @@ class Topology:
         """Check the values; returns self.
 
         Raises:
-            UserError: a value is out of range (the message starts with `where`).
+            UserError: a value is out of range (the message starts with `where`): a number
+                that is negative, NaN or infinite, or more than MAX_WORLD_SIZE ranks.
         """
+        for name in (fld.name for fld in dataclasses.fields(self)):
+            v = getattr(self, name)
+            if isinstance(v, (int, float)) and not (math.isfinite(v) and v >= 0):
+                raise UserError(f"{where}: {name} must be a finite number >= 0, got {v!r}")
         if self.world_size < 1 or self.local_world_size < 1:
             raise UserError(f"{where}: world_size and local_world_size must be positive")
+        if self.world_size > MAX_WORLD_SIZE:
+            raise UserError(
+                f"{where}: world_size {self.world_size:,} is more than {MAX_WORLD_SIZE:,} ranks"
+            )
         if self.world_size % self.local_world_size:
             raise UserError(
                 f"{where}: world_size {self.world_size} is not a multiple of "
@@ -229,6 +240,8 @@ def load_topology(path: str | Path) -> Topology:
     values = {k: v for k, v in d.items() if k in fields}
     for k, v in values.items():
         if k == "preset":
+            if v is not None and not isinstance(v, str):
+                raise UserError(f"{where}: 'preset' must be a string or null, got {v!r}")
             continue
         want = str if k == "device" else (int if fields[k].type in ("int",) else (int, float))
         if isinstance(v, bool) or not isinstance(v, want):

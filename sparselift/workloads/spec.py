@@ -338,14 +338,13 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
 
 def _check_unique(tables: tuple[TableSpec, ...], source: str) -> None:
     seen_tables: set[str] = set()
-    seen_features: set[str] = set()
+    fed: dict[str, str] = {}  # feature → the table it feeds
     for t in tables:
         if t.name in seen_tables:
             raise UserError(f"{source}: table name {t.name!r} appears twice")
         seen_tables.add(t.name)
         for f in t.features:
-            if f in seen_features:
-                raise UserError(
-                    f"{source}: table {t.name!r}: feature {f!r} is already fed to another table"
-                )
-            seen_features.add(f)
+            if f in fed:
+                why = "is listed twice" if fed[f] == t.name else f"already feeds table {fed[f]!r}"
+                raise UserError(f"{source}: table {t.name!r}: feature {f!r} {why}")
+            fed[f] = t.name

@@ -1,0 +1,116 @@
+"""Read a profile directory's manifest.json once, with its shape checked, for every stage.
+
+The analysis, `compare`, `plan check` and the optimizer all read the manifest; a hand-edited or
+damaged one (a list where the profiler writes an object, a string where it writes an integer)
+must be refused as bad input in one line naming the key, not fail deep inside a stage. The checks
+are about types and ranges only, and only of keys present and not null (older manifests lack
+some; unknown values are null, `sparselift.profiler.manifest`); what a value means is left to
+the stage that uses it. Imports only the standard library and our own JSON reader, so the
+optimizer can use it without the analysis (pandas, traces) or the profiler (torch).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from sparselift.errors import UserError
+from sparselift.jsonfile import read_versioned
+
+# as sparselift.profiler.manifest writes it (not imported: the profiler package pulls in torch)
+FORMAT, VERSION = "sparselift-profile", 1
+MANIFEST = "manifest.json"
+
+
+def _int(v: Any, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _list_of(test: Any) -> Any:
+    return lambda v: isinstance(v, list) and all(test(x) for x in v)
+
+
+def _object(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+# top-level key → (what it must be, in words; the test of a present, non-null value)
+SHAPES: dict[str, tuple[str, Any]] = {
+    "local_world_size": ("an integer >= 1", lambda v: _int(v, 1)),
+    "batch_size": ("an integer >= 1", lambda v: _int(v, 1)),
+    "warmup": ("an integer >= 0", lambda v: _int(v, 0)),
+    "workload": ("a string", lambda v: isinstance(v, str)),
+    "device": ("a string", lambda v: isinstance(v, str)),
+    "backend": ("a string", lambda v: isinstance(v, str)),
+    "pipeline": ("a string", lambda v: isinstance(v, str)),
+    "gpu": ("a string", lambda v: isinstance(v, str)),
+    "profiled_steps": ("a list of integers >= 0", _list_of(lambda x: _int(x, 0))),
+    "step_times_s": (
+        "a list (per rank) of lists of finite numbers",
+        _list_of(_list_of(_number)),
+    ),
+    "steady_step_s": ("a list of finite numbers", _list_of(_number)),
+    "missing_ranks": ("a list of integers >= 0", _list_of(lambda x: _int(x, 0))),
+    "tables": (
+        "a list of objects, each with a string 'name'",
+        _list_of(lambda t: _object(t) and isinstance(t.get("name"), str)),
+    ),
+    "sharding": ("a list of objects", _list_of(_object)),
+    "files": ("an object", _object),
+    "comm_precision": ("an object", _object),
+    "batch_transform": ("an object", _object),
+    "recombine": ("an object", _object),
+}
+FILE_SHAPES: dict[str, tuple[str, Any]] = {
+    "traces": ("a list of file names", _list_of(lambda x: isinstance(x, str))),
+    "execution_traces": ("a list of file names", _list_of(lambda x: isinstance(x, str))),
+    "access_stats": ("a file name", lambda v: isinstance(v, str) and v != ""),
+    "hot_ids": ("a file name", lambda v: isinstance(v, str)),
+}
+
+
+def read_manifest(d: str | Path) -> dict[str, Any]:
+    """`d`/manifest.json: a profile manifest of this version, its keys' shapes checked.
+
+    Args:
+        d: the profile directory.
+    Returns:
+        The manifest's object; `world_size` is a positive integer, and every key of SHAPES (and
+        of `files`, FILE_SHAPES) is absent, null or of its shape; `missing_ranks` are ranks of
+        the run.
+    Raises:
+        UserError: "<d>/manifest.json: …" — missing, malformed, another format or version, or
+            the first key of the wrong shape (named, with what it must be and what it is).
+    """
+    p = Path(d) / MANIFEST
+    if not p.is_file():
+        raise UserError(f"{p}: missing (not a sparselift profile directory)")
+    m = read_versioned(p, FORMAT, VERSION, "profile manifest")
+    if not _int(m.get("world_size"), 1):
+        raise UserError(f"{p}: 'world_size' missing or not a positive integer")
+    _check(p, m, SHAPES, "")
+    _check(p, m.get("files") or {}, FILE_SHAPES, "files.")
+    beyond = [r for r in m.get("missing_ranks") or [] if r >= m["world_size"]]
+    if beyond:
+        raise UserError(
+            f"{p}: 'missing_ranks' names rank {beyond[0]}, not a rank of world_size "
+            f"{m['world_size']}"
+        )
+    return m
+
+
+def _check(p: Path, obj: dict[str, Any], shapes: dict[str, tuple[str, Any]], at: str) -> None:
+    for key, (what, test) in shapes.items():
+        v = obj.get(key)
+        if v is not None and not test(v):
+            raise UserError(f"{p}: '{at}{key}' must be {what}, got {_short(v)}")
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
