@@ -3,10 +3,11 @@
 The split features are routed in at most four groups (hot/cold by lookup table, hot/cold by
 binary search, row ranges in 2 parts, in more; column slices are only checked), each with a
 fixed number of vectorized ops over all of its ids, so that the cost of a batch does not grow
-with the number of split features: one range check against each id's table rows, one lookup that
-turns every id into a code (n_parts × its row in its part + its part) in one table that holds all
-of the group's tables at their own offsets, and one FBGEMM bucketize of the codes, which splits
-the ids by part, keeps each bag's order and counts each bag's ids per part.
+with the number of split features: one range check (the ids' minimum and each feature's maximum,
+one foreach op), one lookup that turns every id into a code (n_parts × its row in its part + its
+part) in one table that holds all of the group's tables at their own offsets, and one FBGEMM
+bucketize of the codes, which splits the ids by part, keeps each bag's order and counts each
+bag's ids per part.
 """
 
 from __future__ import annotations
@@ -89,12 +90,20 @@ def per_id(per_feature: list[int], sizes: list[int], ids: torch.Tensor) -> torch
     return out.cumsum_(0)
 
 
-def any_outside(ids: torch.Tensor, rows1: torch.Tensor) -> bool:
-    """Whether any id lies outside 0..rows-1 of its table (`rows1`: rows - 1 per id, reused).
+def any_outside(ids: torch.Tensor, sizes: list[int], rows1: list[int]) -> bool:
+    """Whether any id lies outside 0..rows-1 of its table, for features of `sizes` ids in order
+    whose tables have `rows1` (rows - 1) each.
 
-    (rows - 1 - id) | id has its sign bit set exactly when id < 0 or id > rows - 1.
+    One minimum over all ids and one maximum per feature (a single foreach op over views), so
+    no per-id tensor is built.
     """
-    return bool(rows1.sub_(ids).bitwise_or_(ids).min() < 0)
+    if not ids.numel():
+        return False
+    if int(ids.min()) < 0:
+        return True
+    maxima = torch.stack(torch._foreach_max([p for p in ids.split(sizes) if p.numel()]))
+    limits = [r for n, r in zip(sizes, rows1, strict=True) if n]
+    return bool((maxima > torch.tensor(limits, device=ids.device)).any())
 
 
 def id_codes(g: Group, tables: Tables, ids: torch.Tensor, per_id: torch.Tensor) -> torch.Tensor:

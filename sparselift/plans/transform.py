@@ -104,7 +104,7 @@ class BatchTransform:
             if weights is not None:
                 wts = slices(weights, [(offsets[x], offsets[y]) for x, y in g.runs])
             g_sizes = [sizes[i] for i in g.features]
-            if ids.numel() and any_outside(ids, per_id(g.rows1, g_sizes, ids)):
+            if any_outside(ids, g_sizes, g.rows1):
                 self._raise_outside(prog, values, offsets)
             if g.kind == COLUMNS:
                 continue
