@@ -18,9 +18,9 @@ import torch
 
 from sparselift.plans.types import Split, TableFingerprint
 
-# Up to this many rows a hot/cold split looks ids up in a table of every row (8 bytes a row for
-# int64 ids, 4 for int32; one per table, not per feature); beyond, in the sorted hot ids (a
-# binary search per id).
+# Up to this many rows a hot/cold split looks ids up in a table of every row (int32 codes, 4
+# bytes a row: the table is gathered at random, so its size is what the lookup costs; one per
+# table, not per feature); beyond, in the sorted hot ids (a binary search per id).
 LOOKUP_TABLE_MAX_ROWS = 1 << 21
 
 HOT_TABLE, HOT_SEARCH, RANGES_2, RANGES_N, COLUMNS = (
@@ -51,7 +51,7 @@ class Group:
 class Tables:
     """Every split table's routing data in one tensor per group kind, on one device."""
 
-    lut: torch.Tensor  # HOT_TABLE: each row of each table (at its offset) as its code (ids' dtype)
+    lut: torch.Tensor  # HOT_TABLE: each row of each table (at its offset) as its code (int32)
     hot_keys: torch.Tensor  # HOT_SEARCH: offset + hot id of every hot id, sorted
     hot_rows: torch.Tensor  # … and the hot row of each
     starts: torch.Tensor  # RANGES_N: offset + first row of every range, sorted

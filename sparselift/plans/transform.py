@@ -246,7 +246,7 @@ class BatchTransform:
             tables = build_tables(self.model, self.splits, self._kind, self._offsets)
             moved = {f.name: getattr(tables, f.name).to(device) for f in dataclasses.fields(tables)}
             tables = Tables(**moved)
-            tables.lut = tables.lut.to(dtype)  # codes < 2**22 fit int32
+            tables.lut = tables.lut.to(torch.int32)  # codes < 2**22: half the bytes to gather
             self._tables[key] = tables
         return tables
 
