@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
+from bad_input_cases import analyzed_fixture_profile, assert_refused, expand, rows
 from plans_helpers import doc, round_robin
 
 from sparselift import plans
 from sparselift.workloads import load_workload
 
-FIXTURES = Path(__file__).parent / "fixtures"
 MACROS = {
     "$TRAIN": "--workload tiny --nproc 2",
     "$OPT": "optimize --workload tiny --no-baseline --time-limit 1",  # no waiting on TorchRec
@@ -210,18 +209,14 @@ out-missing-parent | --world-size 2 --out {tmp}/no/p.json | $CW {tmp}/no/p.json:
 out-is-dir | --world-size 2 --out {adir} | $CW {adir}: it is a directory"""
 
 
-def _rows(table: str) -> list[list[str]]:
-    return [[c.strip() for c in line.split(" | ")] for line in table.strip().splitlines() if line]
-
-
 def _all_cases() -> dict[str, tuple[str, str]]:
     """Every case: id → (argv with macros and {names}, needle)."""
-    cases = {name: (argv, needle) for name, argv, needle in _rows(CASES)}
-    for kind, path, needle in _rows(PLAN_FILES):
+    cases = {name: (argv, needle) for name, argv, needle in rows(CASES)}
+    for kind, path, needle in rows(PLAN_FILES):
         for action, command in PLAN_ACTIONS.items():
             cases[f"plan-{action}-{kind}"] = (f"{command} {path}", needle)
     for action in ("from-torchrec", "round-robin"):
-        for kind, flags, needle in _rows(EXPORT_FLAGS):
+        for kind, flags, needle in rows(EXPORT_FLAGS):
             cases[f"plan-{action}-{kind}"] = (f"plan {action} --workload tiny {flags}", needle)
         for kind, workload, needle in (("huge", "{huge}", "'t2'"), ("dir", "{adir}", "{adir}")):
             argv = f"plan {action} --workload {workload} --world-size 2 $OUT"
@@ -241,12 +236,7 @@ def _spec(**table_changes: object) -> dict:
 @pytest.fixture(scope="module")
 def analyzed_profile(tmp_path_factory) -> Path:
     """A real profile (tests/fixtures) analyzed once, so that it has its calibration.json."""
-    from sparselift.cli import main
-
-    prof = tmp_path_factory.mktemp("bad_input") / "profile"
-    shutil.copytree(FIXTURES / "profile_tiny_table_wise", prof)
-    assert main(["analyze", str(prof)]) == 0
-    return prof
+    return analyzed_fixture_profile(tmp_path_factory.mktemp("bad_input"))
 
 
 @pytest.fixture
@@ -292,30 +282,21 @@ def _params() -> list:
     return out
 
 
-def _expand(text: str, paths: dict[str, Path]) -> str:
-    for macro, value in MACROS.items():
-        text = text.replace(macro, value)
-    return text.format(**{k: str(v) for k, v in paths.items()})
-
-
 def _tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
 @pytest.mark.parametrize("argv, needle", _params())
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(argv, needle, inputs, cli):
-    args, needle = shlex.split(_expand(argv, inputs)), _expand(needle, inputs)
+    args, needle = shlex.split(expand(argv, MACROS, inputs)), expand(needle, MACROS, inputs)
     before = _tree(inputs["tmp"])
     code, _, err = cli(*args)
-    assert "Traceback" not in err, err
-    assert code == 2, (code, err)
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    assert needle in err, (needle, err)
+    assert_refused(code, err, needle)
     assert _tree(inputs["tmp"]) == before, "a refused command left files behind"
 
 
 def test_every_case_id_is_unique_and_every_known_failure_is_a_case():
-    names = [row[0] for row in _rows(CASES)]
+    names = [row[0] for row in rows(CASES)]
     assert len(names) == len(set(names))
     assert set(KNOWN) <= set(_all_cases())
 

@@ -17,16 +17,15 @@ from __future__ import annotations
 import json
 import math
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
+from bad_input_cases import FIXTURES, analyzed_fixture_profile, assert_refused, expand, rows
 from plans_helpers import round_robin
 
 from sparselift import plans
 from sparselift.workloads import load_workload
 
-FIXTURES = Path(__file__).parent / "fixtures"
 NOPROC = not Path("/proc/self").is_dir()  # /proc: a folder where no file can be created
 
 # manifest.json variants: name → (key, value); each folder also holds the profile's calibration
@@ -115,26 +114,16 @@ tune-work-in-proc | $TUNE --work /proc/w | --work /proc/w: cannot create it
 """
 
 
-def _rows(table: str) -> list[list[str]]:
-    return [[c.strip() for c in line.split(" | ")] for line in table.strip().splitlines() if line]
-
-
 def _cases() -> list:
     out = []
-    for name, needle in _rows(MANIFEST_CASES):
+    for name, needle in rows(MANIFEST_CASES):
         for command, argv in MANIFEST_COMMANDS.items():
             case = (argv.replace("{dir}", "{" + name + "}"), f"{{{name}}}/manifest.json: {needle}")
             out.append(pytest.param(*case, id=f"{command}-manifest-{MANIFESTS[name][0]}"))
-    out += [pytest.param(argv, needle, id=i) for i, argv, needle in _rows(CASES)]
+    out += [pytest.param(argv, needle, id=i) for i, argv, needle in rows(CASES)]
     skip = pytest.mark.skipif(NOPROC, reason="no /proc here")
-    out += [pytest.param(a, n, id=i, marks=skip) for i, a, n in _rows(PROC_CASES)]
+    out += [pytest.param(a, n, id=i, marks=skip) for i, a, n in rows(PROC_CASES)]
     return out
-
-
-def _expand(text: str, paths: dict[str, Path]) -> str:
-    for macro, value in MACROS.items():
-        text = text.replace(macro, value)
-    return text.format(**{k: str(v) for k, v in paths.items()})
 
 
 @pytest.fixture(scope="module")
@@ -143,9 +132,7 @@ def analyzed(tmp_path_factory) -> dict[str, Path]:
     from sparselift.cli import main
 
     root = tmp_path_factory.mktemp("bad_input_more")
-    prof = root / "profile"
-    shutil.copytree(FIXTURES / "profile_tiny_table_wise", prof)
-    assert main(["analyze", str(prof)]) == 0
+    prof = analyzed_fixture_profile(root)
     digest = root / "digest.json"
     argv = [*MACROS["$OPT"].split(), "--profile", str(prof), "--out", str(digest)]
     assert main(argv) == 0
@@ -213,13 +200,10 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("argv, needle", _cases())
 def test_refused_in_one_line_exit_2_and_nothing_written(argv, needle, inputs, cli):
-    args, needle = shlex.split(_expand(argv, inputs)), _expand(needle, inputs)
+    args, needle = shlex.split(expand(argv, MACROS, inputs)), expand(needle, MACROS, inputs)
     before, profile_before = _tree(inputs["tmp"]), _tree(inputs["prof"])
     code, _, err = cli(*args)
-    assert "Traceback" not in err, err
-    assert code == 2, (code, err)
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    assert needle in err, (needle, err)
+    assert_refused(code, err, needle)
     assert _tree(inputs["tmp"]) == before, "a refused command left or changed files"
     assert _tree(inputs["prof"]) == profile_before, "a refused command wrote into the profile"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from bad_input_cases import analyzed_fixture_profile
 
 from sparselift import plans
 from sparselift.cli import main
@@ -23,16 +24,12 @@ from sparselift.optimizer.recheck import DRIFT_TOLERANCE, recheck, topology_of
 from sparselift.optimizer.table_stats import stats_from_profile
 from sparselift.plans.render import diff
 
-FIXTURES = Path(__file__).parent / "fixtures"
-
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> tuple[Path, Path]:
     """(an analyzed fixture profile, the plan `optimize` made from it)."""
     root = tmp_path_factory.mktemp("plan_check")
-    prof = root / "profile"
-    shutil.copytree(FIXTURES / "profile_tiny_table_wise", prof)
-    assert main(["analyze", str(prof)]) == 0
+    prof = analyzed_fixture_profile(root)
     plan = root / "plan.json"
     args = ["--profile", str(prof), "--out", str(plan), "--time-limit", "5", "--no-baseline"]
     assert main(["optimize", *args]) == 0
