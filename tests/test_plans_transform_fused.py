@@ -310,3 +310,26 @@ def test_the_loader_yields_every_batch_in_order_and_fails_at_the_bad_one(ahead):
         assert_matches_reference(next(out), inputs[n], reference(model, splits, keys, ids, None))
     with pytest.raises(PlanError, match=f"split table {split.name!r}"):
         next(out)
+
+
+@pytest.mark.parametrize("bad", [-1, 30, 10**6])
+def test_hot_cold_ids_outside_the_table_are_refused_by_the_gather(bad):
+    """A hot/cold table routed by lookup table (its gather checks the ids) refuses an id just
+    outside its rows, naming the feature, where the next table's rows would be in range."""
+    model = [
+        TableFingerprint("a", 30, 4, ("x", "y")),
+        TableFingerprint("b", 50, 4, ("z",)),
+    ]
+    splits = [
+        Split(t.name, "hot_cold", part_names(t.name, "hot_cold"), hot_ids=(3, 1)) for t in model
+    ]
+    transform = BatchTransform(model, splits, "test")
+    ids = {"x": [[0, 5], [29]], "y": [[2], [1, bad]], "z": [[49], []]}
+    keys = ["x", "y", "z"]
+    with pytest.raises(PlanError, match=rf"feature 'y' of split table 'a' has ids {bad}\.\.{bad}"):
+        transform(kjt_of(keys, ids, None, torch.int64, torch.int64))
+    ids["y"][1][1] = 7
+    out = transform(kjt_of(keys, ids, None, torch.int64, torch.int64))
+    hot, cold = out[virtual_feature("y", "a__hot")], out[virtual_feature("y", "a__cold")]
+    assert hot.values().tolist() == [1] and hot.lengths().tolist() == [0, 1]  # 1: hot row 1
+    assert cold.values().tolist() == [2, 7] and cold.lengths().tolist() == [1, 1]

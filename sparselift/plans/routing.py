@@ -7,7 +7,8 @@ with the number of split features: one range check (the ids' minimum and each fe
 one foreach op), one lookup that turns every id into a code (n_parts × its row in its part + its
 part) in one table that holds all of the group's tables at their own offsets, and one FBGEMM
 bucketize of the codes, which splits the ids by part, keeps each bag's order and counts each
-bag's ids per part.
+bag's ids per part. A hot/cold group by lookup table instead gathers each feature's ids from its
+own table's rows (`looked_up`): one small op a feature, which also checks the range.
 """
 
 from __future__ import annotations
@@ -106,11 +107,29 @@ def any_outside(ids: torch.Tensor, sizes: list[int], rows1: list[int]) -> bool:
     return bool((maxima > torch.tensor(limits, device=ids.device)).any())
 
 
+def looked_up(g: Group, lut: torch.Tensor, feature_ids: list[torch.Tensor]) -> torch.Tensor | None:
+    """HOT_TABLE: each id's code (`id_codes`), the ids of each of `g.features` looked up in its
+    own table's rows of `lut`; None when an id lies outside its table.
+
+    One gather a feature straight into the output: on the CPU the gather checks each index
+    against the table's rows (IndexError), so no range check, per-id offset or concatenation is
+    needed. (A CUDA gather asserts instead: the caller checks the range first there.)
+    """
+    codes = torch.empty(sum(x.numel() for x in feature_ids), dtype=lut.dtype, device=lut.device)
+    at = 0
+    try:
+        for offset, rows1, ids in zip(g.params, g.rows1, feature_ids, strict=True):
+            n = ids.numel()
+            torch.index_select(lut[offset : offset + rows1 + 1], 0, ids, out=codes[at : at + n])
+            at += n
+    except IndexError:
+        return None
+    return codes
+
+
 def id_codes(g: Group, tables: Tables, ids: torch.Tensor, per_id: torch.Tensor) -> torch.Tensor:
     """Each id as n_parts * (its row in its part) + its part (`per_id`: its `Group.params`
-    entry, reused)."""
-    if g.kind == HOT_TABLE:
-        return torch.index_select(tables.lut, 0, per_id.add_(ids))
+    entry, reused), for the groups other than HOT_TABLE (`looked_up`)."""
     if g.kind == RANGES_2:
         upper = ids >= per_id
         return torch.where(upper, per_id.neg_().add_(ids).mul_(2).add_(1), ids.long() * 2)

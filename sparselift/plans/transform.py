@@ -22,13 +22,14 @@ import dataclasses
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from sparselift.plans.errors import PlanError
 from sparselift.plans.routing import (
     COLUMNS,
+    HOT_TABLE,
     ROUTED,
     Group,
     Stream,
@@ -38,6 +39,7 @@ from sparselift.plans.routing import (
     build_tables,
     id_codes,
     layout,
+    looked_up,
     merge_blocks,
     per_id,
     slices,
@@ -99,18 +101,26 @@ class BatchTransform:
         streams = [Stream(values, weights, lengths, offsets)]
         tables = self._device_tables(values.device, values.dtype)
         for g in prog.groups:
-            ids = slices(values, [(offsets[x], offsets[y]) for x, y in g.runs])
             wts = None
             if weights is not None:
                 wts = slices(weights, [(offsets[x], offsets[y]) for x, y in g.runs])
             g_sizes = [sizes[i] for i in g.features]
-            if any_outside(ids, g_sizes, g.rows1):
-                self._raise_outside(prog, values, offsets)
-            if g.kind == COLUMNS:
-                continue
+            if g.kind != HOT_TABLE or values.device.type != "cpu":  # a CUDA gather asserts
+                ids = slices(values, [(offsets[x], offsets[y]) for x, y in g.runs])
+                if any_outside(ids, g_sizes, g.rows1):
+                    self._raise_outside(prog, values, offsets)
+                if g.kind == COLUMNS:
+                    continue
+            if g.kind == HOT_TABLE:  # a CPU gather checks its indices itself
+                feature_ids = [values[offsets[i] : offsets[i + 1]] for i in g.features]
+                codes = looked_up(g, tables.lut, feature_ids)
+                if codes is None:
+                    self._raise_outside(prog, values, offsets)
+            else:
+                codes = id_codes(g, tables, ids, per_id(g.params, g_sizes, ids))
             lens = slices(lengths, [(x * stride, y * stride) for x, y in g.runs])
-            codes = id_codes(g, tables, ids, per_id(g.params, g_sizes, ids))
-            streams.append(bucketed(codes, g.n_parts, ids.dtype, lens, wts, len(g_sizes), stride))
+            stream = bucketed(codes, g.n_parts, values.dtype, lens, wts, len(g_sizes), stride)
+            streams.append(stream)
         v_out, n_out, w_out = [], [], []
         for s, a, b in prog.blocks:
             st = streams[s]
@@ -254,7 +264,7 @@ class BatchTransform:
         named = self._table_of
         return self.keys + [k for k in keys if k not in named]
 
-    def _raise_outside(self, prog: _Program, values: torch.Tensor, offsets: list[int]) -> None:
+    def _raise_outside(self, prog: _Program, values: torch.Tensor, offsets: list[int]) -> NoReturn:
         """Raise for the first split feature, in model order, with ids outside its table."""
         for i, feature, table, rows in prog.checked:
             vals = values[offsets[i] : offsets[i + 1]]
@@ -265,3 +275,4 @@ class BatchTransform:
                     f"feature {feature!r} of split table {table!r} has ids "
                     f"{int(bad.min())}..{int(bad.max())} outside the table's rows 0..{rows - 1}",
                 )
+        raise AssertionError("called for a batch with no id outside its table")
