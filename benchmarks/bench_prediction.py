@@ -10,7 +10,9 @@ Per workload (tiny, multihot-26 and criteo-kaggle, rows capped), on 2 CPU ranks:
    six plans, made once, before any plan is measured;
 3. `--repeats` passes; pass r first calibrates again (the trio of step 1 into pass r's own
    directories; pass 0 is step 1's calibration), then profiles each plan once, timing steady
-   steps after its window;
+   steps after its window: `--after` of them, or as many as take `--after-s` seconds at the
+   step pass 0's calibration measured, whichever is more (short steps are timed over as long a
+   span as long ones, so a few slow steps weigh alike);
 4. predict each plan in pass r with the optimizer's cost model (`predict_plan`, what the solver
    minimizes) from pass r's calibration, and compare with pass r's measured steady step (median
    after the window, slowest rank).
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -168,6 +171,13 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path) -> list[di
     just before its plans); per plan the medians, the passes and both errors."""
     common = _common(workload, MAX_ROWS.get(workload))
     named, c0 = make_plans(work, common, args)
+    step0 = steady_steps(c0.base).median_s
+    args = argparse.Namespace(**vars(args))
+    args.after = max(args.after, math.ceil(args.after_s / step0))
+    print(
+        f"{workload}: {args.after} steady steps a run ({step0 * 1e3:.1f} ms a step)",
+        file=sys.stderr,
+    )
     loaded = {name: plans.load(path) for name, path in named.items()}
     meas: dict[str, list[float]] = {name: [] for name in named}
     pred: dict[str, list[float]] = {name: [] for name in named}
@@ -249,7 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="profiled steps per run")
     ap.add_argument("--after", type=int, default=20, help="steady steps timed after each window")
     ap.add_argument(
-        "--repeats", type=int, default=2, help="passes (calibration, then each plan once)"
+        "--after-s",
+        type=float,
+        default=4.0,
+        help="…or more: as many as take this long at the step of pass 0's calibration",
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="passes (calibration, then each plan once)"
     )
     ap.add_argument("--time-limit", type=float, default=20.0)
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the work here")
