@@ -4,9 +4,11 @@
 A profile sees about one size per distribution call, so it cannot tell a call's fixed cost from its
 per-byte cost by itself; the calibration takes the fixed cost measured here. Times KJTAllToAll
 (input_dist: splits, lengths and values all-to-alls) and PooledEmbeddingsAllToAll (output_dist,
-forward and forward+backward) over sizes from kilobytes to megabytes, one thread per rank as the
-launcher sets, and prints median times and the line a + b·bytes through them; then what fp16 qcomm
-does to the output distribution (on gloo over shared memory: nothing that pays).
+forward and forward+backward) and PooledEmbeddingsReduceScatter (the row-wise output_dist: on
+gloo a ring all-reduce forward, an all-gather backward) over sizes from kilobytes to megabytes,
+one thread per rank as the launcher sets, and prints median times and the line a + b·bytes
+through them; then what fp16 qcomm does to the output distribution (on gloo over shared memory:
+nothing that pays).
 
     .venv/bin/python benchmarks/bench_dist_calls.py [--reps 25] [--quick]
 """
@@ -39,7 +41,11 @@ def _median_s(fn, reps: int) -> float:
 
 
 def _rank(rank: int, world: int, port: int, reps: int) -> None:
-    from torchrec.distributed.dist_data import KJTAllToAll, PooledEmbeddingsAllToAll
+    from torchrec.distributed.dist_data import (
+        KJTAllToAll,
+        PooledEmbeddingsAllToAll,
+        PooledEmbeddingsReduceScatter,
+    )
     from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -88,6 +94,15 @@ def _rank(rank: int, world: int, port: int, reps: int) -> None:
         rows["output_dist_fwd"].append((sent, fwd))
         rows["output_dist_bwd"].append((sent, max(both - fwd, 0.0)))
         fp16_ratio.append((sent, both16 / both))
+    rows["output_dist_rs_fwd"], rows["output_dist_rs_bwd"] = [], []
+    for dim in (16, 64, 256, 1024, 4096):  # row-wise output: [W·B, D] reduced to [B, D]
+        rs = PooledEmbeddingsReduceScatter(pg)
+        emb = torch.randn(BATCH * world, dim, requires_grad=True)
+        fwd = _median_s(lambda rs=rs, emb=emb: rs(emb).wait(), reps)
+        both = _median_s(lambda rs=rs, emb=emb: rs(emb).wait().sum().backward(), reps)
+        out = BATCH * dim * 4  # bytes as `analysis.volumes` counts them (gloo: a ring all-reduce)
+        rows["output_dist_rs_fwd"].append((2 * (world - 1) * out, fwd))
+        rows["output_dist_rs_bwd"].append(((world - 1) * out, max(both - fwd, 0.0)))
     if rank == 0:
         for kind, pts in rows.items():
             x, y = np.array(pts).T
