@@ -11,8 +11,9 @@ order within each bag, so pooling sums the same ids.
 - column_slices: every id goes to every part unchanged.
 
 Its cost must not grow with the number of split features: the ids are routed in a few groups,
-each with a fixed number of vectorized ops over all of its ids (`routing`), and the output is one
-concatenation of slices, in output order.
+each with a fixed number of vectorized ops over all of its ids (`routing`; a hot/cold group by
+lookup table adds one small gather a feature), and the output is one concatenation of slices,
+in output order.
 """
 
 from __future__ import annotations
