@@ -9,10 +9,11 @@ Per workload (tiny, multihot-26 and criteo-kaggle, rows capped), on 2 CPU ranks:
    other pipeline, the other comm precision, its heaviest table moved: `plan_set.neighbours`) —
    six plans, made once, before any plan is measured;
 3. `--repeats` passes; pass r first calibrates again (the trio of step 1 into pass r's own
-   directories; pass 0 is step 1's calibration), then profiles each plan once, timing steady
-   steps after its window: `--after` of them, or as many as take `--after-s` seconds at the
-   step pass 0's calibration measured, whichever is more (short steps are timed over as long a
-   span as long ones, so a few slow steps weigh alike);
+   directories; pass 0 is step 1's calibration), then profiles each plan once (in an order
+   rotated by one slot per pass: the run just after a calibration measured differently),
+   timing steady steps after its window: `--after` of them, or as many as take `--after-s`
+   seconds at the step pass 0's calibration measured, whichever is more (short steps are timed
+   over as long a span as long ones, so a few slow steps weigh alike);
 4. predict each plan in pass r with the optimizer's cost model (`predict_plan`, what the solver
    minimizes) from pass r's calibration, and compare with pass r's measured steady step (median
    after the window, slowest rank).
@@ -183,8 +184,10 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path) -> list[di
     pred: dict[str, list[float]] = {name: [] for name in named}
     for r in range(args.repeats):
         c = c0 if r == 0 else calibrate(work / "torchrec.json", work / f"pass{r}", common, args)
-        for i, name in enumerate(named):
-            out = work / f"plan{i}" / f"pass{r}"
+        index = {name: i for i, name in enumerate(named)}
+        order = list(named)[r % len(named) :] + list(named)[: r % len(named)]
+        for name in order:  # rotated a slot per pass: no plan always runs first after calibrating
+            out = work / f"plan{index[name]}" / f"pass{r}"
             profile(named[name], out, common, args)
             meas[name].append(steady_steps(out).median_s)
             pred[name].append(c.predict(loaded[name]))
