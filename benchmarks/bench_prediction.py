@@ -182,12 +182,13 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path) -> list[di
     loaded = {name: plans.load(path) for name, path in named.items()}
     meas: dict[str, list[float]] = {name: [] for name in named}
     pred: dict[str, list[float]] = {name: [] for name in named}
+    names = list(named)
     for r in range(args.repeats):
         c = c0 if r == 0 else calibrate(work / "torchrec.json", work / f"pass{r}", common, args)
-        index = {name: i for i, name in enumerate(named)}
-        order = list(named)[r % len(named) :] + list(named)[: r % len(named)]
-        for name in order:  # rotated a slot per pass: no plan always runs first after calibrating
-            out = work / f"plan{index[name]}" / f"pass{r}"
+        first = r % len(names)  # rotated a slot per pass: no plan always runs first after it
+        for i in [*range(first, len(names)), *range(first)]:
+            name = names[i]
+            out = work / f"plan{i}" / f"pass{r}"
             profile(named[name], out, common, args)
             meas[name].append(steady_steps(out).median_s)
             pred[name].append(c.predict(loaded[name]))

@@ -106,13 +106,15 @@ class BatchTransform:
             if weights is not None:
                 wts = slices(weights, [(offsets[x], offsets[y]) for x, y in g.runs])
             g_sizes = [sizes[i] for i in g.features]
-            if g.kind != HOT_TABLE or values.device.type != "cpu":  # a CUDA gather asserts
+            # a CPU gather checks its indices itself (`looked_up`); a CUDA one asserts instead
+            gather_checks = g.kind == HOT_TABLE and values.device.type == "cpu"
+            if not gather_checks:
                 ids = slices(values, [(offsets[x], offsets[y]) for x, y in g.runs])
                 if any_outside(ids, g_sizes, g.rows1):
                     self._raise_outside(prog, values, offsets)
                 if g.kind == COLUMNS:
                     continue
-            if g.kind == HOT_TABLE:  # a CPU gather checks its indices itself
+            if g.kind == HOT_TABLE:
                 feature_ids = [values[offsets[i] : offsets[i + 1]] for i in g.features]
                 codes = looked_up(g, tables.lut, feature_ids)
                 if codes is None:
