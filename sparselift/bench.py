@@ -1,9 +1,11 @@
 """Measure plans against each other with the training harness (`sparselift bench`).
 
-Runs are interleaved (A B A B …, one round = every contender once) so that drift of a shared
-machine — thermal, other jobs — hits every plan alike; each contender's figure is the median of its
-rounds' steps/s, and the ratio is to the first contender. Every plan is validated before anything
-trains.
+By default the plans train side by side in one job, taking turns of `steps` steps per round
+(`workloads.side_by_side`): what separates two jobs on one host (thread placement, memory layout,
+the host's load that minute) is then common to every plan. With `separate_runs` each plan trains
+its own job per round instead, interleaved (A B A B …), for models too big to hold twice. Either
+way one round holds every contender once, each contender's figure is the median of its rounds'
+steps/s, and the ratio is to the first contender. Every plan is validated before anything trains.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any
 
 from sparselift.errors import UserError
 from sparselift.jsonfile import read_json
-from sparselift.workloads.harness import TrainConfig, run_training
+from sparselift.workloads.harness import MAX_ROUNDS, TrainConfig, run_training
+from sparselift.workloads.side_by_side import run_side_by_side
 
 TORCHREC = "torchrec"  # the contender label (and `--vs` value) of TorchRec's own plan
-MAX_ROUNDS = 1000
+SIDE_BY_SIDE, SEPARATE = "side by side in one job", "separate jobs, interleaved"
 FORMAT = "sparselift-bench"  # `bench --json` files
 VERSION = 1
 
@@ -54,6 +57,7 @@ class BenchResult:
     rounds: int
     steps: int
     contenders: list[Contender]
+    runs: str = SIDE_BY_SIDE  # SIDE_BY_SIDE or SEPARATE
 
     def ratio(self, c: Contender) -> float:
         """`c`'s median steps/s over the first contender's (> 1: `c` is faster)."""
@@ -69,6 +73,7 @@ class BenchResult:
             "nproc": self.nproc,
             "rounds": self.rounds,
             "steps": self.steps,
+            "runs": self.runs,
             "contenders": [
                 dict(
                     label=c.label,
@@ -88,7 +93,7 @@ class BenchResult:
         w = max(8, *(len(c.label) for c in self.contenders))
         lines = [
             f"{self.workload}: {self.nproc} ranks, {self.rounds} rounds × {self.steps} steps, "
-            f"interleaved",
+            f"{self.runs}",
             f"  {'plan':{w}s} {'steps/s':>9s} {'min':>9s} {'max':>9s} {'ratio':>7s}",
         ]
         for c in self.contenders:
@@ -162,14 +167,17 @@ def run_bench(
     contenders: list[Contender],
     rounds: int = 3,
     echo: Callable[[str], None] | None = None,
+    separate_runs: bool = False,
 ) -> BenchResult:
-    """Validate every contender, then train them interleaved for `rounds` rounds.
+    """Validate every contender, then train them for `rounds` rounds: side by side in one job,
+    or with `separate_runs` one job per contender and round, interleaved.
 
     Args:
         base: the run every contender trains (its `plan` is replaced by each contender's).
         contenders: the plans; their `steps_per_s` are filled in.
-        rounds: interleaved rounds.
-        echo: called with one line per finished run (progress), if given.
+        rounds: rounds; each contender runs `base.steps` timed steps a round.
+        echo: called with one line per finished round or run (progress), if given.
+        separate_runs: one job per contender and round instead of one job.
     Raises:
         UserError: `rounds` out of range, or any contender's run is refused (plan vs workload
             and world size): all checked before anything trains.
@@ -179,6 +187,37 @@ def run_bench(
         raise UserError(f"--rounds must be in 1..{MAX_ROUNDS}, got {rounds:,}")
     if not contenders:
         raise UserError("nothing to measure: give --plan at least once, or --vs torchrec")
+    if separate_runs:
+        spec = _run_separately(base, contenders, rounds, echo)
+    else:
+        cfg = dataclasses.replace(
+            base, plan=None, contenders=[c.plan for c in contenders], rounds=rounds
+        )
+        spec = cfg.validate()  # every refusal before any training
+        measured = run_side_by_side(cfg)
+        for i, c in enumerate(contenders):
+            c.steps_per_s = measured.steps_per_s(i)
+        if echo:
+            for r in range(rounds):
+                figures = ", ".join(f"{c.label} {c.steps_per_s[r]:.2f}" for c in contenders)
+                echo(f"round {r + 1}/{rounds}: {figures} steps/s")
+    return BenchResult(
+        workload=spec.name,
+        nproc=base.nproc,
+        rounds=rounds,
+        steps=base.steps,
+        contenders=contenders,
+        runs=SEPARATE if separate_runs else SIDE_BY_SIDE,
+    )
+
+
+def _run_separately(
+    base: TrainConfig,
+    contenders: list[Contender],
+    rounds: int,
+    echo: Callable[[str], None] | None,
+) -> Any:
+    """`run_bench`'s separate jobs, interleaved; the workload (as validated)."""
     configs = [dataclasses.replace(base, plan=c.plan) for c in contenders]
     specs = [cfg.validate() for cfg in configs]  # every refusal before any training
     for r in range(rounds):
@@ -187,10 +226,4 @@ def run_bench(
             c.steps_per_s.append(result.steps_per_s)
             if echo:
                 echo(f"round {r + 1}/{rounds} {c.label}: {result.steps_per_s:.2f} steps/s")
-    return BenchResult(
-        workload=specs[0].name,
-        nproc=base.nproc,
-        rounds=rounds,
-        steps=base.steps,
-        contenders=contenders,
-    )
+    return specs[0]

@@ -2,12 +2,13 @@
 
 `tune` profiles the baseline plan (TorchRec's, unless one is given) under each train pipeline
 (the pair calibrates what the sparse-dist pipeline hides) and at 16-bit comm precision (what
-16-bit collectives cost), plans from that calibration, profiles
-the candidate the same way, recalibrates on every profile so far together (`analysis.joint`: more
-plans tell more coefficients apart), re-plans, and so on until the plan is a fixed point or the
-iteration budget is spent. Then it measures candidate and baseline in one
-interleaved A/B run. The candidate is shipped only when the lower end of the interval of the
-measured ratio is above 1: a model's prediction is evidence for trying a plan, not for shipping it.
+16-bit collectives cost), plans from that calibration, profiles the candidate the same way,
+recalibrates on every profile so far together (`analysis.joint`: more plans tell more
+coefficients apart), re-plans, and so on until the plan is a fixed point or the iteration budget
+is spent. Then it measures candidate and baseline in an A/B: both trained side by side in one
+job, taking turns (`workloads.side_by_side`). The candidate is shipped only when the lower end of
+the interval of the measured ratio is above 1: a model's prediction is evidence for trying a
+plan, not for shipping it.
 
 Each step runs a `sparselift` command in-process (profile, analyze, optimize, plan: the caller
 passes the CLI's entry point, so this module does not import the CLI), so it takes the same
@@ -78,7 +79,7 @@ class TuneResult:
         baseline, candidate: plan files (the candidate is the loop's last plan).
         iterations: the profiled plans, in order.
         fixed_point: whether the loop stopped because re-planning gave the same plan.
-        ab_ratios: per interleaved round, candidate steps/s ÷ baseline steps/s (empty without A/B).
+        ab_ratios: per A/B round, candidate steps/s ÷ baseline steps/s (empty without A/B).
         ratio, low, high: the median per-round ratio and its bootstrap interval (None without A/B).
         shipped: "candidate" or "baseline".
         reason: one line saying why.
@@ -156,7 +157,7 @@ def tune(
         out: where the shipped plan goes (written once, atomically, after the verdict).
         work: a directory for the loop's plans, profiles and `tune.json`.
         run_command: runs one `sparselift` command line (`sparselift.cli.main`).
-        rounds: interleaved A/B rounds.
+        rounds: A/B rounds (turns of `cfg.steps` steps each, side by side in one job).
         max_iterations: profiles of candidate plans at most (the baseline's is extra).
         profile_steps, after: profiled steps, and steady steps timed after the window.
         time_limit_s: `optimize --time-limit`.
@@ -314,8 +315,8 @@ def _ab(
     hook_args: dict[str, Any],
     echo: Callable[[str], None],
 ) -> None:
-    """Interleaved A/B of candidate vs baseline; sets the ratios, interval and verdict, and writes
-    the runs as `work`/bench.json (the `sparselift bench --json` format)."""
+    """A/B of candidate vs baseline, side by side in one job; sets the ratios, interval and
+    verdict, and writes the runs as `work`/bench.json (the `sparselift bench --json` format)."""
     base = dataclasses.replace(cfg, hook=hook, hook_args=hook_args, progress=False)
     cand, bl = Contender("candidate", result.candidate), Contender("baseline", result.baseline)
     bench = run_bench(base, [cand, bl], rounds, echo=lambda s: echo(f"tune: A/B {s}"))
@@ -324,7 +325,7 @@ def _ab(
     result.ratio, result.low, result.high = ratio_interval(result.ab_ratios)
     measured = (
         f"measured {result.ratio:.3f}x over the baseline ({CONFIDENCE:.0%} interval "
-        f"{result.low:.3f}-{result.high:.3f}, {rounds} interleaved rounds)"
+        f"{result.low:.3f}-{result.high:.3f}, {rounds} rounds {bench.runs})"
     )
     if result.low > 1.0:
         result.shipped, result.reason = "candidate", f"SparseLift's plan {measured}: shipped it"

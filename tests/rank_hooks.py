@@ -52,7 +52,7 @@ class SlowPlan:
     def __init__(self, ctx, plan_name: str, delay_s: float = 0.05) -> None:
         from pathlib import Path
 
-        named = ctx.cfg.plan is not None and Path(ctx.cfg.plan).name == plan_name
+        named = ctx.plan_file is not None and Path(ctx.plan_file).name == plan_name
         self.slow = named and ctx.rank == 0
         self.delay_s = delay_s
 

@@ -248,3 +248,11 @@ def test_train_and_bench_with_plans_end_to_end(tmp_path, capsys):
     assert [c["label"] for c in got["contenders"]] == ["rr.json", "torchrec"]
     assert got["contenders"][0]["ratio"] == 1.0
     assert all(len(c["steps_per_s"]) == 1 and c["median"] > 0 for c in got["contenders"])
+    assert got["runs"] == "side by side in one job"
+    argv = ["bench", "--workload", "tiny", "--nproc", "2", "--steps", "2", "--warmup", "1"]
+    argv += ["--rounds", "2", "--plan", str(rr), "--separate-runs", "--json", str(out)]
+    assert main(argv) == 0
+    got = json.loads(out.read_text())
+    assert got["runs"] == "separate jobs, interleaved"
+    assert "2 rounds × 2 steps, separate jobs" in capsys.readouterr().out
+    assert [len(c["steps_per_s"]) for c in got["contenders"]] == [2]

@@ -1,4 +1,4 @@
-"""`sparselift bench`: measure plans against each other, interleaved, with the training harness."""
+"""`sparselift bench`: measure plans against each other with the training harness."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sparselift.cli.train import add_training_args, config_from_args
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `bench` to the `sparselift` sub-commands."""
     p = sub.add_parser(
-        "bench", help="measure plans against each other (interleaved runs, steps/s, ratios)"
+        "bench", help="measure plans against each other (side by side in one job, steps/s, ratios)"
     )
     add_training_args(p)
     p.add_argument(
@@ -22,13 +22,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--vs", choices=(TORCHREC,), default=None, help="also measure TorchRec's own plan"
     )
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="rounds, every plan once a round (default 3)"
+    )
+    p.add_argument(
+        "--separate-runs",
+        action="store_true",
+        help="train each plan in its own job per round, interleaved, instead of all side by side "
+        "in one job (which holds every plan's model in memory at once)",
+    )
     p.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON")
     p.set_defaults(run=run_bench_command)
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    """Measure the contenders interleaved, print the table (and write --json); 0 on success.
+    """Measure the contenders, print the table (and write --json); 0 on success.
 
     Raises:
         UserError: bad input (an unwritable --json included), refused before anything trains.
@@ -42,6 +50,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         contenders,
         args.rounds,
         echo=lambda s: print(s, file=sys.stderr, flush=True),
+        separate_runs=args.separate_runs,
     )
     print(result.table())
     if args.json:

@@ -1,5 +1,5 @@
 """`sparselift tune`: plan → profile → re-plan until a fixed point, then ship only what measured
-faster in an interleaved A/B against the baseline."""
+faster in an A/B against the baseline (both side by side in one job)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_training_args(p)
     p.add_argument("--out", required=True, help="the plan file to write (candidate or baseline)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved A/B rounds (default 3)")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="A/B rounds: turns of --steps steps (default 3)"
+    )
     p.add_argument(
         "--max-iterations", type=int, default=3, help="candidate profiles at most (default 3)"
     )

@@ -14,18 +14,23 @@ trains in place.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import statistics
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparselift.errors import UserError
+from sparselift.workloads.launch import (
+    MALLOC_TUNABLES,
+    failure_error,
+    launch,
+    rank_malloc_env,
+    recorded_error,
+)
 from sparselift.workloads.spec import MAX_BATCH_SIZE, WorkloadSpec, load_workload
 
 PIPELINES = ("base", "sparse-dist")
@@ -33,12 +38,8 @@ DEVICES = ("auto", "cpu", "cuda")
 MAX_NPROC = 1024  # local ranks of one run
 MAX_STEPS = 1_000_000  # steps (and warm-up steps) of one run
 MAX_SEED = 2**32 - 1
-# glibc malloc in every rank: serve blocks below 32 MiB (glibc's largest threshold) from the heap
-# and never give the heap back. glibc's default threshold moves with what the process freed
-# before, so the same steps would fault in fresh pages or not depending on the run's past (a
-# never-profiled run vs the steps after a profiled window; benchmarks/README.md). Ignored where
-# malloc is not glibc's; a GLIBC_TUNABLES the user set is kept as it is.
-MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1099511627776"
+MAX_ROUNDS = 1000  # rounds of a side-by-side run (and of `bench`'s separate runs)
+MAX_CONTENDERS = 16  # plans of one side-by-side run
 
 
 @dataclass
@@ -63,6 +64,9 @@ class TrainConfig:
         progress: rank 0 reports steps on stdout as they finish.
         nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout_s: the hosts (`launch.Nodes`);
             `nproc` ranks run on each.
+        contenders: plan files trained side by side in this one job (None: TorchRec's
+            planner), in turns (`side_by_side.py`); `plan` is then None.
+        rounds: turns of a side-by-side job; each contender steps `steps` timed steps a turn.
     """
 
     workload: str
@@ -84,6 +88,8 @@ class TrainConfig:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     rdzv_timeout_s: int = 120
+    contenders: list[str | None] = field(default_factory=list)
+    rounds: int = 1
 
     @property
     def world_size(self) -> int:
@@ -127,10 +133,19 @@ class TrainConfig:
             day_files(self.data)
         spec = load_workload(self.workload)
         capped = spec.capped(self.max_rows)  # a bad --max-rows is refused here, before any rank
-        if self.plan is not None:
-            from sparselift import plans
+        if self.contenders:
+            if self.plan is not None:
+                raise UserError("a side-by-side run takes its plans as contenders, not --plan")
+            _check_range("--rounds", self.rounds, 1, MAX_ROUNDS)
+            if len(self.contenders) > MAX_CONTENDERS:
+                raise UserError(
+                    f"at most {MAX_CONTENDERS} plans side by side, got {len(self.contenders)}"
+                )
+        for plan in [self.plan, *self.contenders]:
+            if plan is not None:
+                from sparselift import plans
 
-            plans.load(self.plan).check_spec(capped.fingerprints(), self.world_size)
+                plans.load(plan).check_spec(capped.fingerprints(), self.world_size)
         return spec
 
 
@@ -227,6 +242,19 @@ def run_training(cfg: TrainConfig) -> TrainResult:
     Inside an external launcher (`launched_externally`) this process is one rank: it trains in
     place, `nproc` and the hosts come from the launcher's environment.
 
+    Raises:
+        UserError: `cfg.validate()` refuses it; nothing is launched.
+        RankFailed: a rank failed (the others are stopped); its error is the message.
+    """
+    spec, ranks = run_ranks(cfg)
+    return train_result(cfg, spec, ranks)
+
+
+def run_ranks(cfg: TrainConfig) -> tuple[WorkloadSpec, list[RankResult]]:
+    """Validate `cfg`, run its ranks (launched here, or this process as one rank of an external
+    launch) and read back every rank's result: (the workload, uncapped; the results in rank
+    order).
+
     The ranks start with glibc malloc's thresholds fixed (`rank_malloc_env`), so a step's time
     does not depend on what the rank allocated and freed before it.
 
@@ -234,8 +262,6 @@ def run_training(cfg: TrainConfig) -> TrainResult:
         UserError: `cfg.validate()` refuses it; nothing is launched.
         RankFailed: a rank failed (the others are stopped); its error is the message.
     """
-    from sparselift.workloads.launch import launch
-
     if launched_externally():
         return _run_in_place(cfg)
     spec = cfg.validate()
@@ -252,7 +278,7 @@ def run_training(cfg: TrainConfig) -> TrainResult:
             if not path.exists():
                 raise RuntimeError(f"rank {r} exited without writing its result")
             ranks.append(RankResult(**json.loads(path.read_text())))
-    return train_result(cfg, spec, ranks)
+    return spec, ranks
 
 
 def launched_externally() -> bool:
@@ -285,7 +311,7 @@ def _slurm_env() -> None:
     os.environ.setdefault("MASTER_PORT", "29500")
 
 
-def _run_in_place(cfg: TrainConfig) -> TrainResult:
+def _run_in_place(cfg: TrainConfig) -> tuple[WorkloadSpec, list[RankResult]]:
     """This process is one rank of an external launch: run that rank, gather every rank's result.
 
     The rank runs in a child process (`worker.py`, this process's environment, malloc thresholds
@@ -297,8 +323,6 @@ def _run_in_place(cfg: TrainConfig) -> TrainResult:
     """
     import subprocess
     import sys
-
-    from sparselift.workloads.launch import failure_error, recorded_error
 
     _slurm_env()
     rank = int(os.environ["RANK"])
@@ -342,30 +366,13 @@ def _run_in_place(cfg: TrainConfig) -> TrainResult:
             RankResult(**json.loads(Path(tmp, f"rank{r}.json").read_text()))
             for r in range(cfg.world_size)
         ]
-    return train_result(cfg, spec, ranks)
+    return spec, ranks
 
 
 def reports_here() -> bool:
     """Whether this process prints the run's result: not a rank of an external launch other
     than global rank 0."""
     return not launched_externally() or os.environ.get("RANK", "0") == "0"
-
-
-@contextlib.contextmanager
-def rank_malloc_env() -> Iterator[None]:
-    """While ranks are launched, GLIBC_TUNABLES is MALLOC_TUNABLES unless already set.
-
-    Ranks inherit the environment when they start (glibc reads it only then); the calling
-    process's own malloc is not changed, and its environment is restored afterwards.
-    """
-    if "GLIBC_TUNABLES" in os.environ:
-        yield
-        return
-    os.environ["GLIBC_TUNABLES"] = MALLOC_TUNABLES
-    try:
-        yield
-    finally:
-        os.environ.pop("GLIBC_TUNABLES", None)
 
 
 def train_result(cfg: TrainConfig, spec: WorkloadSpec, ranks: list[RankResult]) -> TrainResult:

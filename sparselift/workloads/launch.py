@@ -11,13 +11,14 @@ A rank that fails with a UserError (nodes that disagree, bad input) makes the la
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,14 @@ from sparselift.errors import UserError
 MAX_NODES = 1024
 _runs = 0  # launches so far in this process: every host counts the same (bench, tune run many)
 DEFAULT_RDZV_TIMEOUT_S = 120
+
+
+# glibc malloc in every rank: serve blocks below 32 MiB (glibc's largest threshold) from the heap
+# and never give the heap back. glibc's default threshold moves with what the process freed
+# before, so the same steps would fault in fresh pages or not depending on the run's past (a
+# never-profiled run vs the steps after a profiled window; benchmarks/README.md). Ignored where
+# malloc is not glibc's; a GLIBC_TUNABLES the user set is kept as it is.
+MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1099511627776"
 
 
 class RankFailed(RuntimeError):
@@ -207,3 +216,20 @@ def _failures(e: Any) -> list[tuple[int, str]]:
             )
         parts.append((rank, msg.splitlines()[0] if msg else ""))
     return parts
+
+
+@contextlib.contextmanager
+def rank_malloc_env() -> Iterator[None]:
+    """While ranks are launched, GLIBC_TUNABLES is MALLOC_TUNABLES unless already set.
+
+    Ranks inherit the environment when they start (glibc reads it only then); the calling
+    process's own malloc is not changed, and its environment is restored afterwards.
+    """
+    if "GLIBC_TUNABLES" in os.environ:
+        yield
+        return
+    os.environ["GLIBC_TUNABLES"] = MALLOC_TUNABLES
+    try:
+        yield
+    finally:
+        os.environ.pop("GLIBC_TUNABLES", None)

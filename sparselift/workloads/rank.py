@@ -37,6 +37,7 @@ class RankContext:
     model: Any  # DistributedModelParallel
     pipeline: Any  # a TorchRec TrainPipeline
     plan: Any  # sparselift.plans.Plan or None
+    plan_file: str | None  # the plan's path; None: TorchRec's planner
 
 
 class StepHook(Protocol):
@@ -120,12 +121,24 @@ def made_ahead(batches: Iterator[Any], n: int, budget: int = AHEAD_BYTES) -> Ite
     return itertools.chain(first, batches)
 
 
-def train_rank(cfg: TrainConfig) -> RankResult:
-    """One rank of the job: build, shard, train, time. Needs the torch.distributed env variables."""
+@dataclass
+class RankSetup:
+    """This rank of the job, its process group started: who it is and where it trains."""
+
+    rank: int
+    world_size: int
+    local_world_size: int
+    device: Any  # torch.device
+    backend: str
+    spec: WorkloadSpec  # uncapped: synthetic ids follow the real sizes
+    trained: WorkloadSpec  # capped by max_rows: the tables as trained
+
+
+def init_rank(cfg: TrainConfig) -> RankSetup:
+    """Start this rank's process group (gloo on CPU, NCCL on CUDA) from the torch.distributed
+    env variables."""
     import torch
     import torch.distributed as dist
-
-    from sparselift.workloads.sharding import build_optimizer, make_pipeline, shard
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -138,62 +151,106 @@ def train_rank(cfg: TrainConfig) -> RankResult:
         device = torch.device("cpu")
     backend = "nccl" if use_cuda else "gloo"
     dist.init_process_group(backend=backend)
-    torch.manual_seed(cfg.seed)
-
     spec = load_workload(cfg.workload)
-    trained = spec.capped(cfg.max_rows)
+    return RankSetup(rank, world, local_world, device, backend, spec, spec.capped(cfg.max_rows))
+
+
+@dataclass
+class Trainee:
+    """One sharded model of the job, ready to step: its context, hook and batch stream."""
+
+    ctx: RankContext
+    hook: StepHook | None
+    batches: Iterator[Any]
+    pipeline_name: str
+
+    def step(self, step: int) -> float:
+        """Run step `step` (hook around it); its seconds (CUDA synchronized)."""
+        import torch
+
+        if self.hook:
+            self.hook.step_begin(step)
+        t0 = time.perf_counter()
+        self.ctx.pipeline.progress(self.batches)
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+        seconds = time.perf_counter() - t0
+        if self.hook:
+            self.hook.step_end(step)
+        return seconds
+
+
+def build_trainee(cfg: TrainConfig, setup: RankSetup, plan_file: str | None, steps: int) -> Trainee:
+    """Shard the workload by `plan_file` (None: TorchRec's planner), build its optimizer, train
+    pipeline, hook and the stream of its `steps` batches (made ahead; seeded by `cfg.seed`, so
+    every trainee of a job gets the same model and the same batches).
+    """
+    import torch
+    import torch.distributed as dist
+
+    from sparselift.workloads.sharding import build_optimizer, make_pipeline, shard
+
     plan = None
-    if cfg.plan:
+    if plan_file:
         from sparselift import plans
 
-        plan = plans.load(cfg.plan)
-    model = shard(trained, dist.GroupMember.WORLD, device, plan=plan, local_world_size=local_world)
+        plan = plans.load(plan_file)
+    torch.manual_seed(cfg.seed)
+    model = shard(
+        setup.trained,
+        dist.GroupMember.WORLD,
+        setup.device,
+        plan=plan,
+        local_world_size=setup.local_world_size,
+    )
     optimizer = build_optimizer(model)
     pipeline_name = cfg.pipeline or (plan.pipeline if plan is not None else "base")
-    pipeline = make_pipeline(pipeline_name, model, optimizer, device)
+    pipeline = make_pipeline(pipeline_name, model, optimizer, setup.device)
     ctx = RankContext(
         cfg=cfg,
-        spec=trained,
-        rank=rank,
-        world_size=world,
-        local_world_size=local_world,
-        device=device,
-        backend=backend,
+        spec=setup.trained,
+        rank=setup.rank,
+        world_size=setup.world_size,
+        local_world_size=setup.local_world_size,
+        device=setup.device,
+        backend=setup.backend,
         model=model,
         pipeline=pipeline,
         plan=plan,
+        plan_file=plan_file,
     )
     hook = load_hook(cfg, ctx)
-    total = cfg.warmup + cfg.steps
-    batches = made_ahead(batches_for_rank(cfg, spec, rank, world), total + PIPELINE_DEPTH)
+    stream = batches_for_rank(cfg, setup.spec, setup.rank, setup.world_size)
+    batches = made_ahead(stream, steps + PIPELINE_DEPTH)
     if plan is not None and plan.splits:
         # the split model takes each batch with its split features on their virtual tables;
         # transformed as drawn, inside the step, as a trainer's loader in the main process does
         batches = plan.transform_loader(batches)
+    return Trainee(ctx, hook, batches, pipeline_name)
 
+
+def train_rank(cfg: TrainConfig) -> RankResult:
+    """One rank of the job: build, shard, train, time. Needs the torch.distributed env variables."""
+    import torch.distributed as dist
+
+    setup = init_rank(cfg)
+    total = cfg.warmup + cfg.steps
+    trainee = build_trainee(cfg, setup, cfg.plan, total)
     times = []
     every = max(1, total // 10)
     for step in range(total):
-        if hook:
-            hook.step_begin(step)
-        t0 = time.perf_counter()
-        pipeline.progress(batches)
-        if use_cuda:
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-        if hook:
-            hook.step_end(step)
-        if cfg.progress and rank == 0 and ((step + 1) % every == 0 or step + 1 == total):
+        times.append(trainee.step(step))
+        if cfg.progress and setup.rank == 0 and ((step + 1) % every == 0 or step + 1 == total):
             phase = "warm-up" if step < cfg.warmup else "measured"
             print(f"  step {step + 1}/{total} ({phase}) {times[-1] * 1e3:.1f} ms", flush=True)
-    extra = hook.finish() if hook else {}
+    extra = trainee.hook.finish() if trainee.hook else {}
     dist.barrier()
     return RankResult(
-        rank=rank,
+        rank=setup.rank,
         step_times_s=times,
-        peak_memory_bytes=peak_memory_bytes(device),
-        pipeline=pipeline_name,
-        device=device.type,
-        backend=backend,
+        peak_memory_bytes=peak_memory_bytes(setup.device),
+        pipeline=trainee.pipeline_name,
+        device=setup.device.type,
+        backend=setup.backend,
         extra=extra,
     )

@@ -63,22 +63,28 @@ def run_identity(cfg: Any) -> dict[str, str]:
     """What every host must agree on, in the order differences are reported.
 
     Returns:
-        sparselift version, workload (name and a hash of the capped spec), plan (file name and a
-        hash of its bytes, or TorchRec's planner), and the run's settings.
+        sparselift version, workload (name and a hash of the capped spec), plan and the plans
+        side by side (file name and a hash of its bytes, or TorchRec's planner), and the run's
+        settings.
     """
     import sparselift
     from sparselift.workloads.spec import load_workload
 
     spec = load_workload(cfg.workload).capped(cfg.max_rows)
     spec_hash = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True, default=str).encode())
-    plan = "TorchRec's planner"
-    if cfg.plan:
-        digest = hashlib.sha256(Path(cfg.plan).read_bytes()).hexdigest()[:12]
-        plan = f"{Path(cfg.plan).name} sha256 {digest}"
+
+    def named(plan: str | None) -> str:
+        if not plan:
+            return "TorchRec's planner"
+        digest = hashlib.sha256(Path(plan).read_bytes()).hexdigest()[:12]
+        return f"{Path(plan).name} sha256 {digest}"
+
     return {
         "SparseLift version": sparselift.__version__,
         "workload": f"{spec.name} sha256 {spec_hash.hexdigest()[:12]}",
-        "plan": plan,
+        "plan": named(cfg.plan),
+        "plans side by side": "; ".join(named(p) for p in cfg.contenders),
+        "rounds": str(cfg.rounds),
         "ranks per node": str(cfg.nproc),
         "steps": str(cfg.steps),
         "warmup": str(cfg.warmup),
@@ -209,11 +215,12 @@ def run_rank(cfg: Any, peers: Peers | None) -> list[dict[str, Any]]:
     import torch.distributed as dist
 
     from sparselift.workloads.rank import train_rank
+    from sparselift.workloads.side_by_side import train_side_by_side
 
     if peers is not None:
         peers.check(run_identity(cfg))
         peers.watch()
-    result = train_rank(cfg)
+    result = train_side_by_side(cfg) if cfg.contenders else train_rank(cfg)
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, asdict(result))
     if peers is not None:
