@@ -9,18 +9,23 @@ Per workload (tiny, multihot-26 and criteo-kaggle, rows capped), on 2 CPU ranks:
    other pipeline, the other comm precision, its heaviest table moved: `plan_set.neighbours`) —
    six plans, made once, before any plan is measured;
 3. `--repeats` passes; pass r first calibrates again (the trio of step 1 into pass r's own
-   directories; pass 0 is step 1's calibration), then profiles each plan once (in an order
-   rotated by one slot per pass: the run just after a calibration measured differently),
-   timing steady steps after its window: `--after` of them, or as many as take `--after-s`
-   seconds at the step pass 0's calibration measured, whichever is more (short steps are timed
-   over as long a span as long ones, so a few slow steps weigh alike);
+   directories; pass 0 is step 1's calibration), then measures the six plans side by side in
+   one job (`--measure side-by-side`, the default: `--turns` rounds in which every plan takes a
+   turn, `workloads.side_by_side`), or each plan in its own profiled job, timing steady steps
+   after its window, in an order rotated by one slot per pass (`--measure separate`). Each plan
+   gets `--after` timed steps a pass, or as many as take `--after-s` seconds at the step pass
+   0's calibration measured, whichever is more (short steps are timed over as long a span as
+   long ones, so a few slow steps weigh alike);
 4. predict each plan in pass r with the optimizer's cost model (`predict_plan`, what the solver
-   minimizes) from pass r's calibration, and compare with pass r's measured steady step (median
-   after the window, slowest rank).
+   minimizes) from pass r's calibration, and compare with pass r's measured step (median of the
+   timed steps, slowest rank).
 
 Why paired in time: a shared host's speed drifts over minutes, and a calibration made long before
 the measurements carries the host's speed of then into every prediction. Calibrating within each
 pass, just before that pass's plans, makes each pass's error a comparison under one host state.
+Why side by side: two jobs of the same plan on this host measure up to 1.3× apart (which cores
+their threads got, their memory layout); in one job that is common to all six plans, so their
+order is the plans', not the jobs'.
 The calibration profiles are runs of their own, separate from the measured plan runs (TorchRec's
 plan too is profiled again as a plan), so no plan is predicted from its own measurement.
 
@@ -63,6 +68,8 @@ from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
 from sparselift.optimizer.topology import Topology, profiled_topology
 from sparselift.tune import sixteen_bit_copy
+from sparselift.workloads.harness import TrainConfig
+from sparselift.workloads.side_by_side import run_side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_ROWS = {"tiny": None, "multihot-26": 200_000, "criteo-kaggle": 200_000}
@@ -185,12 +192,27 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path) -> list[di
     names = list(named)
     for r in range(args.repeats):
         c = c0 if r == 0 else calibrate(work / "torchrec.json", work / f"pass{r}", common, args)
-        first = r % len(names)  # rotated a slot per pass: no plan always runs first after it
-        for i in [*range(first, len(names)), *range(first)]:
-            name = names[i]
-            out = work / f"plan{i}" / f"pass{r}"
-            profile(named[name], out, common, args)
-            meas[name].append(steady_steps(out).median_s)
+        if args.measure == "side-by-side":
+            measured = run_side_by_side(
+                TrainConfig(
+                    workload=workload,
+                    nproc=args.nproc,
+                    steps=math.ceil(args.after / args.turns),
+                    max_rows=MAX_ROWS.get(workload),
+                    contenders=[str(named[name]) for name in names],
+                    rounds=args.turns,
+                )
+            )
+            for i, name in enumerate(names):
+                steps = [s for turn in measured.step_times_s[i] for s in turn]
+                meas[name].append(statistics.median(steps))
+        else:
+            first = r % len(names)  # rotated a slot per pass: no plan always runs first after it
+            for i in [*range(first, len(names)), *range(first)]:
+                out = work / f"plan{i}" / f"pass{r}"
+                profile(named[names[i]], out, common, args)
+                meas[names[i]].append(steady_steps(out).median_s)
+        for name in names:
             pred[name].append(c.predict(loaded[name]))
     rows = []
     for name in named:
@@ -271,6 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--repeats", type=int, default=3, help="passes (calibration, then each plan once)"
     )
+    ap.add_argument(
+        "--measure",
+        choices=("side-by-side", "separate"),
+        default="side-by-side",
+        help="the six plans side by side in one job, or each in its own profiled job",
+    )
+    ap.add_argument("--turns", type=int, default=4, help="side by side: rounds of turns a pass")
     ap.add_argument("--time-limit", type=float, default=20.0)
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the work here")
     args = ap.parse_args(argv)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's demo on 2 CPU ranks (gloo): `sparselift tune` profiles TorchRec's plan, plans from
-# the profile, profiles SparseLift's plan and re-plans, then measures both interleaved and keeps
+# the profile, profiles SparseLift's plan and re-plans, then measures both side by side and keeps
 # SparseLift's plan only if it measured faster. Then the report and the plans' comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,7 @@ if r["ratio"] is None:
     print("demo: SparseLift's plan is TorchRec's plan: kept TorchRec's plan (no measured ratio)")
 elif r["shipped"] == "candidate":
     print(f"demo: SparseLift's plan measured {r['ratio']:.2f}x faster than TorchRec's "
-          f"(95 % interval {r['low']:.2f}-{r['high']:.2f}, {len(r['ab_ratios'])} interleaved rounds)")
+          f"(95 % interval {r['low']:.2f}-{r['high']:.2f}, {len(r['ab_ratios'])} rounds side by side)")
 else:
     print(f"demo: SparseLift's plan was not measured faster ({r['ratio']:.2f}x, 95 % interval "
           f"{r['low']:.2f}-{r['high']:.2f}): kept TorchRec's plan")
