@@ -3,7 +3,7 @@
 Profile → analyze → `optimize --profile` on one workload at N ranks, then build the plan's
 neighbours: the other train pipeline, the other comm precision (16-bit ↔ fp32), and for
 each sharding type in the plan its heaviest table moved to the option the cost model likes best
-after the current one. All are measured in one interleaved `sparselift bench` run. For each
+after the current one. All are measured in one `sparselift bench` job, side by side. For each
 neighbour it prints the predicted slowdown (its modelled step ÷ ours) next to the measured one
 (ours steps/s ÷ its steps/s, median of rounds, and the range of each round's own ratio): above
 1.0 on both sides means the optimizer was right not to pick it, and the two columns agreeing is
@@ -76,7 +76,7 @@ def main() -> None:
     first = result.contenders[0]
     print(
         f"{args.workload} (max rows {args.max_rows:,}), {args.nproc} ranks, "
-        f"{args.rounds} interleaved rounds × {args.steps} steps; SparseLift's plan: "
+        f"{args.rounds} rounds × {args.steps} steps side by side; SparseLift's plan: "
         f"{first.median:.2f} steps/s, predicted {ours_s * 1e3:.1f} ms"
     )
     w = max(len(c.label) for c in result.contenders)

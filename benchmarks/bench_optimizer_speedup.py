@@ -2,10 +2,10 @@
 
 Per workload (tiny, multihot-26, criteo-kaggle; capped by --max-rows) at 2 ranks: plan with
 `sparselift optimize` (from a profile + calibration when --from-profile, else from the workload
-spec), write the DLRM-reference round-robin plan, then one interleaved `sparselift bench` run of the
-contenders. Target: ≥ 1.26× over TorchRec's plan. The ratios are of medians over rounds; the last
-column is the median and range of each round's own ratio (rounds interleave the plans, so a round
-pairs runs under the same host state), which shows how far one run can land from another.
+spec), write the DLRM-reference round-robin plan, then one `sparselift bench` job of the
+contenders, side by side. Target: ≥ 1.26× over TorchRec's plan. The ratios are of medians over
+rounds; the last column is the median and range of each round's own ratio (a round pairs the
+plans seconds apart, under the same host state), which shows how far one run can land from another.
 
 Two TorchRec plans are measured: the planner as a trainer gets it by default (`--vs torchrec`: real
 topology, no constraints — it assumes one id per sample), and the planner given the same pooling
@@ -110,7 +110,7 @@ def main() -> None:
             sl, tr = ours_c["median"], by["torchrec"]["median"]
             tri = by[informed.name]["median"]
             rrv = next(v for k, v in by.items() if "round-robin" in k)["median"]
-            # rounds are interleaved, so a round's ratio pairs runs under the same host state
+            # a round pairs the plans seconds apart in one job, under the same host state
             paired = [
                 a / b
                 for a, b in zip(ours_c["steps_per_s"], by["torchrec"]["steps_per_s"], strict=True)

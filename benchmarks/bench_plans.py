@@ -2,7 +2,7 @@
 
 For `tiny` and `criteo-kaggle --max-rows 100000` at N ranks: writes both plans (TorchRec's planner
 for the real topology, exported with `from_torchrec`; every table whole on rank i mod N), then
-measures them with `sparselift bench`'s interleaved runs and prints steps/s and the ratio to
+measures them side by side with `sparselift bench` and prints steps/s and the ratio to
 TorchRec's plan side by side (issue 5). Last, the time to load (read + schema + consistency
 checks) and convert a 1,000-table plan to a TorchRec ShardingPlan.
 
@@ -120,7 +120,7 @@ def main() -> None:
         big = time_big_plan(Path(tmp))
 
     print(
-        f"\nsteps/s, median of {args.rounds} interleaved rounds × {args.steps} steps, "
+        f"\nsteps/s, median of {args.rounds} rounds × {args.steps} steps side by side, "
         f"{args.nproc} ranks"
     )
     print(f"  {'workload':32s} {'torchrec':>9s} {'round-robin':>12s} {'rr / torchrec':>14s}")

@@ -1,6 +1,6 @@
 """Do plan rewrites (splits) pay, measured? TorchRec's plan, round-robin, SparseLift's plan with
-and without rewrites, and a hand-made hot/cold split, trained interleaved in one `sparselift
-bench` run per workload.
+and without rewrites, and a hand-made hot/cold split, trained side by side in one `sparselift
+bench` job per workload.
 
     python benchmarks/bench_rewrites.py [--quick] [--workloads multihot-26,…] [--rounds R]
                                         [--json out.json] [--keep DIR]
@@ -9,7 +9,7 @@ bench` run per workload.
 
 Per workload (multihot-26 and criteo-kaggle at --max-rows 200000, and
 benchmarks/workloads/skewed-multihot.json): profile TorchRec's plan, build the plans, measure them
-interleaved, then print steps/s and the ratio over TorchRec's plan, over round-robin and over the
+side by side, then print steps/s and the ratio over TorchRec's plan, over round-robin and over the
 no-rewrite plan, each with its per-round range (round r of a plan over round r of the other).
 Beside them: the batch transform's cost as a share of the measured step (`Plan.transform_batch`
 timed on the workload's own synthetic batches, as rank 0 draws them) and the collectives per step
