@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 out=${DEMO_OUT:-runs/demo}
 workload=${DEMO_WORKLOAD:-multihot-26}
 max_rows=${DEMO_MAX_ROWS:-200000}
-rounds=${DEMO_ROUNDS:-3}
+rounds=${DEMO_ROUNDS:-8}
 sl=.venv/bin/sparselift
 mkdir -p "$out"
 

@@ -138,7 +138,7 @@ def tune(
     work: str | Path,
     run_command: Command,
     *,
-    rounds: int = 3,
+    rounds: int = 8,
     max_iterations: int = 3,
     profile_steps: int = 8,
     after: int = 5,

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_training_args(p)
     p.add_argument("--out", required=True, help="the plan file to write (candidate or baseline)")
     p.add_argument(
-        "--rounds", type=int, default=3, help="A/B rounds: turns of --steps steps (default 3)"
+        "--rounds", type=int, default=8, help="A/B rounds: turns of --steps steps (default 8)"
     )
     p.add_argument(
         "--max-iterations", type=int, default=3, help="candidate profiles at most (default 3)"
