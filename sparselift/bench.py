@@ -21,6 +21,7 @@ from sparselift.errors import UserError
 from sparselift.jsonfile import read_json
 from sparselift.workloads.harness import MAX_ROUNDS, TrainConfig, run_training
 from sparselift.workloads.side_by_side import run_side_by_side
+from sparselift.workloads.spec import WorkloadSpec
 
 TORCHREC = "torchrec"  # the contender label (and `--vs` value) of TorchRec's own plan
 SIDE_BY_SIDE, SEPARATE = "side by side in one job", "separate jobs, interleaved"
@@ -216,7 +217,7 @@ def _run_separately(
     contenders: list[Contender],
     rounds: int,
     echo: Callable[[str], None] | None,
-) -> Any:
+) -> WorkloadSpec:
     """`run_bench`'s separate jobs, interleaved; the workload (as validated)."""
     configs = [dataclasses.replace(base, plan=c.plan) for c in contenders]
     specs = [cfg.validate() for cfg in configs]  # every refusal before any training
