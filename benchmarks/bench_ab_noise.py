@@ -24,31 +24,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
+import bench_plans
 
-from sparselift import plans
 from sparselift.bench import Contender, run_bench
 from sparselift.tune import ratio_interval
 from sparselift.workloads.harness import TrainConfig
-from sparselift.workloads.models import build_model
-from sparselift.workloads.spec import load_workload
 
 MAX_ROWS = {"tiny": None, "multihot-26": 200_000, "criteo-kaggle": 200_000}
 METHODS = {"side by side": False, "separate jobs": True}  # name → run_bench's separate_runs
 
 
 def write_plans(workload: str, nproc: int, out: Path) -> dict[str, Path]:
-    """TorchRec's plan, a byte-identical copy and the round-robin plan, in `out`."""
-    spec = load_workload(workload).capped(MAX_ROWS.get(workload))
-    tables = spec.fingerprints()
-    topo = plans.PlanTopology(nproc, nproc, "cuda" if torch.cuda.is_available() else "cpu")
-    model = build_model(spec, dense_device=torch.device("cpu"))
-    tr = plans.from_torchrec(plans.torchrec_plan(model, topo, spec.batch_size), tables, topo)
-    paths = {name: out / f"{workload}.{name}.json" for name in ("torchrec", "copy", "round-robin")}
-    plans.save(tr, paths["torchrec"])
-    shutil.copyfile(paths["torchrec"], paths["copy"])
-    plans.save(plans.round_robin_table_wise(tables, topo, module=tr.module), paths["round-robin"])
-    return paths
+    """TorchRec's plan, a byte-identical copy and the round-robin plan (`bench_plans`), in
+    `out`."""
+    torchrec, rr = bench_plans.write_plans(workload, MAX_ROWS.get(workload), nproc, out)
+    copy = out / f"{workload}.copy.json"
+    shutil.copyfile(torchrec, copy)
+    return {"torchrec": torchrec, "copy": copy, "round-robin": rr}
 
 
 def measure(cfg: TrainConfig, paths: dict[str, Path], rounds: int, separate: bool) -> dict:

@@ -21,7 +21,6 @@ from sparselift.errors import UserError
 from sparselift.jsonfile import read_json
 from sparselift.workloads.harness import MAX_ROUNDS, TrainConfig, run_training
 from sparselift.workloads.side_by_side import run_side_by_side
-from sparselift.workloads.spec import WorkloadSpec
 
 TORCHREC = "torchrec"  # the contender label (and `--vs` value) of TorchRec's own plan
 SIDE_BY_SIDE, SEPARATE = "side by side in one job", "separate jobs, interleaved"
@@ -189,13 +188,13 @@ def run_bench(
     if not contenders:
         raise UserError("nothing to measure: give --plan at least once, or --vs torchrec")
     if separate_runs:
-        spec = _run_separately(base, contenders, rounds, echo)
+        workload = _run_separately(base, contenders, rounds, echo)
     else:
         cfg = dataclasses.replace(
             base, plan=None, contenders=[c.plan for c in contenders], rounds=rounds
         )
-        spec = cfg.validate()  # every refusal before any training
-        measured = run_side_by_side(cfg)
+        measured = run_side_by_side(cfg)  # one job: every refusal before it starts
+        workload = measured.workload
         for i, c in enumerate(contenders):
             c.steps_per_s = measured.steps_per_s(i)
         if echo:
@@ -203,7 +202,7 @@ def run_bench(
                 figures = ", ".join(f"{c.label} {c.steps_per_s[r]:.2f}" for c in contenders)
                 echo(f"round {r + 1}/{rounds}: {figures} steps/s")
     return BenchResult(
-        workload=spec.name,
+        workload=workload,
         nproc=base.nproc,
         rounds=rounds,
         steps=base.steps,
@@ -217,8 +216,8 @@ def _run_separately(
     contenders: list[Contender],
     rounds: int,
     echo: Callable[[str], None] | None,
-) -> WorkloadSpec:
-    """`run_bench`'s separate jobs, interleaved; the workload (as validated)."""
+) -> str:
+    """`run_bench`'s separate jobs, interleaved; the workload's name."""
     configs = [dataclasses.replace(base, plan=c.plan) for c in contenders]
     specs = [cfg.validate() for cfg in configs]  # every refusal before any training
     for r in range(rounds):
@@ -227,4 +226,4 @@ def _run_separately(
             c.steps_per_s.append(result.steps_per_s)
             if echo:
                 echo(f"round {r + 1}/{rounds} {c.label}: {result.steps_per_s:.2f} steps/s")
-    return specs[0]
+    return specs[0].name

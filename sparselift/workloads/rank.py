@@ -166,13 +166,13 @@ class Trainee:
 
     def step(self, step: int) -> float:
         """Run step `step` (hook around it); its seconds (CUDA synchronized)."""
-        import torch
-
         if self.hook:
             self.hook.step_begin(step)
         t0 = time.perf_counter()
         self.ctx.pipeline.progress(self.batches)
         if self.ctx.device.type == "cuda":
+            import torch
+
             torch.cuda.synchronize(self.ctx.device)
         seconds = time.perf_counter() - t0
         if self.hook:

@@ -41,8 +41,8 @@ def train_side_by_side(cfg: TrainConfig) -> RankResult:
 
     setup = init_rank(cfg)
     n = len(cfg.contenders)
-    switch = 1 if n > 1 else 0  # the untimed first step of each turn
-    per_trainee = cfg.warmup + cfg.rounds * (switch + cfg.steps)
+    switch = n > 1  # each turn starts with an untimed step
+    per_trainee = cfg.warmup + cfg.rounds * (int(switch) + cfg.steps)
     trainees = [build_trainee(cfg, setup, plan, per_trainee) for plan in cfg.contenders]
     done = [0] * n  # steps each trainee ran so far (its hook's step index)
 
@@ -57,7 +57,7 @@ def train_side_by_side(cfg: TrainConfig) -> RankResult:
     timed: list[list[list[float]]] = [[] for _ in range(n)]
     for r in range(cfg.rounds):
         for i in turns(n, r):
-            for _ in range(switch):
+            if switch:
                 step(i)
             timed[i].append([step(i) for _ in range(cfg.steps)])
         if cfg.progress and setup.rank == 0:
@@ -81,10 +81,12 @@ class SideBySide:
     """What a side-by-side job measured.
 
     Attributes:
+        workload: the workload's name.
         step_times_s: per contender, per round, each timed step's time on its slowest rank.
         peak_memory_bytes: per rank, with every contender's model in memory.
     """
 
+    workload: str
     step_times_s: list[list[list[float]]]
     peak_memory_bytes: list[int]
 
@@ -103,10 +105,10 @@ def run_side_by_side(cfg: TrainConfig) -> SideBySide:
     """
     if not cfg.contenders:
         raise UserError("a side-by-side run needs at least one plan")
-    _, ranks = run_ranks(cfg)
+    spec, ranks = run_ranks(cfg)
     per_rank: list[Any] = [r.extra["side_by_side"] for r in ranks]
     times = [
         [[max(p[c][r][i] for p in per_rank) for i in range(cfg.steps)] for r in range(cfg.rounds)]
         for c in range(len(cfg.contenders))
     ]
-    return SideBySide(times, [r.peak_memory_bytes for r in ranks])
+    return SideBySide(spec.name, times, [r.peak_memory_bytes for r in ranks])
