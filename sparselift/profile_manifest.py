@@ -65,6 +65,10 @@ SHAPES: dict[str, tuple[str, Any]] = {
     "comm_precision": ("an object", _object),
     "batch_transform": ("an object", _object),
     "recombine": ("an object", _object),
+    "side_by_side_plans": (
+        "a list of plan paths or nulls",
+        _list_of(lambda x: x is None or isinstance(x, str)),
+    ),
 }
 FILE_SHAPES: dict[str, tuple[str, Any]] = {
     "traces": ("a list of file names", _list_of(lambda x: isinstance(x, str))),

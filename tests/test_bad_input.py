@@ -76,6 +76,9 @@ profile-steps-zero | profile $TRAIN --steps 0 --out {tmp}/p | --steps
 profile-nproc-zero | profile $TRAIN --nproc 0 --out {tmp}/p | --nproc
 profile-workload-huge-rows | profile --workload {huge} --out {tmp}/p | table 't2'
 profile-plan-malformed | profile $TRAIN --plan {malformed} --out {tmp}/p | malformed JSON
+profile-also-same-dir | profile $TRAIN --out {tmp}/p --also {rr} {tmp}/p | into the same directory
+profile-also-rounds-zero | profile $TRAIN --out {tmp}/p --also {rr} {tmp}/q --rounds 0 | --rounds
+profile-also-malformed | profile $TRAIN --out {tmp}/p --also {malformed} {tmp}/q | malformed JSON
 
 analyze-dir-missing | analyze {tmp}/noprofile | noprofile
 analyze-dir-is-file | analyze {blocker} | {blocker}

@@ -11,7 +11,8 @@ from typing import Any, NamedTuple
 
 from sparselift.cli.train import add_training_args, config_from_args
 
-HOOK = "sparselift.profiler.hook:make_hook"
+HOOK = "sparselift.profiler.hook:make_hook"  # tests swap it
+
 # What `--force` removes from a profile directory before writing a new profile there.
 OUR_FILES = (
     "rank*.trace.json.gz",
@@ -34,6 +35,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--plan", default=None, help="a SparseLift plan file (default: TorchRec's planner)"
     )
     p.add_argument("--out", required=True, metavar="DIR", help="profile directory to write")
+    p.add_argument(
+        "--also",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("PLAN", "DIR"),
+        help="also profile PLAN into DIR, side by side in the same job (each plan's window in "
+        "its own turn): profiles that share a job's speed compare as plans, not as jobs "
+        "(repeatable). Each profile's steady steps are then its plan's timed turns in "
+        "--rounds rounds after every window, --steady-steps in all",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        metavar="R",
+        help="with --also: rounds of turns that time the steady steps (default 5)",
+    )
     p.add_argument(
         "--force",
         action="store_true",
@@ -75,6 +94,7 @@ def run_profile(args: argparse.Namespace) -> int:
         RankFailed: a rank failed.
     """
     from sparselift.errors import UserError
+    from sparselift.profiler.from_ranks import write_from_parent
     from sparselift.profiler.outdir import prepare_out_dir
     from sparselift.workloads.harness import MAX_STEPS, launched_externally, run_training
 
@@ -84,6 +104,8 @@ def run_profile(args: argparse.Namespace) -> int:
         raise UserError(f"--steady-steps must be in 0..{MAX_STEPS:,}, got {args.steady_steps:,}")
     if args.steps < 1:
         raise UserError(f"--steps must be at least 1, got {args.steps}")
+    if args.also:
+        return _run_side_by_side(args)
     cfg = config_from_args(
         args,
         plan=args.plan,
@@ -123,20 +145,83 @@ def run_profile(args: argparse.Namespace) -> int:
     extra0 = result.ranks[0].extra
     if "facts" in extra0:
         try:
-            write_from_parent(out, result, extra0)
+            write_from_parent(
+                out,
+                [r.extra for r in result.ranks],
+                [r.step_times_s for r in result.ranks],
+                [r.peak_memory_bytes for r in result.ranks],
+            )
         except OSError as e:
             errors.append(f"writing {out}: {e}")
     else:
         errors.append("rank 0 returned no statistics")
     print(summary(out, result, args.warmup, args.steps))
-    if errors:
-        print(
-            f"sparselift profile: profile in {out} is incomplete: {errors[0]}"
-            + (f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""),
-            file=sys.stderr,
+    return _incomplete(f"profile in {out} is incomplete", errors)
+
+
+def _run_side_by_side(args: argparse.Namespace) -> int:
+    """`--also`: profile `--plan` into `--out` and each `--also` PLAN into its DIR, side by side
+    in one job (`profiler.from_ranks.profile_side_by_side`)."""
+    from sparselift.errors import UserError
+    from sparselift.profiler.from_ranks import profile_side_by_side
+    from sparselift.profiler.outdir import prepare_out_dir
+    from sparselift.workloads.harness import launched_externally
+
+    plans = [args.plan, *(plan for plan, _ in args.also)]
+    outs = [Path(d).resolve() for d in [args.out, *(d for _, d in args.also)]]
+    for i, d in enumerate(outs):
+        if d in outs[:i]:
+            raise UserError(f"--also {d}: two plans would be profiled into the same directory")
+    cfg = config_from_args(args, contenders=plans, rounds=args.rounds, progress=True)
+    # every window in its plan's warm-up; then the rounds time the steady steps
+    cfg.warmup = args.warmup + args.steps
+    cfg.steps = max(1, -(-args.steady_steps // max(args.rounds, 1)))  # validate() refuses 0
+    cfg.validate()  # bad input is refused before any directory is created or emptied
+    here = os.environ.get("RANK", "0") == "0" if launched_externally() else cfg.node_rank == 0
+    if here:
+        outs = [prepare_out_dir(d, args.force) for d in outs]
+        if args.force:
+            for d in outs:
+                _remove_ours(d)
+    try:
+        measured, errors = profile_side_by_side(
+            cfg,
+            list(outs),
+            warmup=args.warmup,
+            steps=args.steps,
+            execution_trace=args.execution_trace,
+            command=command_line(args),
+            write=here,
+            hook=HOOK,
         )
-        return 1
-    return 0
+    except BaseException:
+        if here:
+            for d in outs:
+                _remove_ours(d)
+        raise
+    if not here:
+        return 0
+    for c, (plan, out) in enumerate(zip(plans, outs, strict=True)):
+        inside = window_step_times(measured.rank_steps_s[c], args.warmup, args.steps).inside_s
+        turns = statistics.median(s for turn in measured.step_times_s[c] for s in turn)
+        print(
+            f"profiled steps {args.warmup}..{args.warmup + args.steps - 1} of "
+            f"{plan or 'TorchRec plan'} into {out} (side by side with {len(plans) - 1} more): "
+            f"step time profiled {inside * 1e3:.1f} ms, in its turns {turns * 1e3:.1f} ms"
+        )
+    return _incomplete("side-by-side profiles are incomplete", errors)
+
+
+def _incomplete(what: str, errors: list[str]) -> int:
+    """1 and one line on stderr when `errors` (the profile is incomplete), else 0."""
+    if not errors:
+        return 0
+    print(
+        f"sparselift profile: {what}: {errors[0]}"
+        + (f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""),
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _remove_ours(out: Path) -> None:
@@ -154,31 +239,11 @@ def command_line(args: argparse.Namespace) -> list[str]:
         if key in ("command", "run", "force", "node_rank") or value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
-        cmd += [flag] if value is True else [flag, str(value)]
+        if isinstance(value, list):  # --also PLAN DIR, repeated
+            cmd += [x for pair in value for x in (flag, *map(str, pair))]
+        else:
+            cmd += [flag] if value is True else [flag, str(value)]
     return cmd
-
-
-def write_from_parent(out: Path, result: Any, extra0: dict[str, Any]) -> None:
-    """Write the profile from rank 0's facts and rows, with the harness's own step times and peak
-    memory for every rank (`result`, a TrainResult); the steady steps rank 0 gathered are
-    re-read from those step times (the same steps, the same timing), so the two agree.
-
-    Raises:
-        OSError: a file cannot be written (UnwritablePathError included).
-    """
-    from sparselift.profiler.manifest import ProfileFacts
-    from sparselift.profiler.session import write_profile
-
-    facts = ProfileFacts(**extra0["facts"])
-    facts.step_times_s = [r.step_times_s for r in result.ranks]
-    first, n = facts.warmup + len(facts.profiled_steps), len(facts.steady_step_s)
-    if all(len(t) >= first + n for t in facts.step_times_s):
-        facts.steady_step_s = [
-            max(t[i] for t in facts.step_times_s) for i in range(first, first + n)
-        ]
-    facts.peak_memory_bytes = [r.peak_memory_bytes for r in result.ranks]
-    facts.errors = [f"rank {r.rank}: {e}" for r in result.ranks for e in r.extra.get("errors", [])]
-    write_profile(out, extra0["rows"], facts)
 
 
 class WindowStepTimes(NamedTuple):

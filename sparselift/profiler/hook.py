@@ -15,21 +15,30 @@ from sparselift.profiler.session import ProfileSession
 def make_hook(
     ctx: Any,
     *,
-    out_dir: str,
+    out_dir: str | list[str | None],
     warmup: int,
     steps: int,
     execution_trace: bool = False,
     command: list[str] | None = None,
     steady_steps: int = 10,
-) -> ProfileSession:
+) -> ProfileSession | None:
     """The ProfileSession of one rank of a harness run (`ctx`: the harness's RankContext).
 
     It writes only its trace; the parent writes the directory's other files from rank 0's
     `finish()`. The run should train `steady_steps` steps after the window (`sparselift profile`
     does); a run that ends earlier records the steady steps it had.
+
+    Args:
+        out_dir: the profile directory; in a side-by-side job, a list with one entry per
+            contender (`ctx.contender` picks it), None for a contender that is not profiled.
+    Returns:
+        The session, or None: this contender is not profiled.
     """
+    out = out_dir[ctx.contender] if isinstance(out_dir, list) else out_dir
+    if out is None:
+        return None
     return ProfileSession(
-        out_dir,
+        out,
         ctx.model,
         warmup=warmup,
         steps=steps,

@@ -156,6 +156,9 @@ class ProfileFacts:
     missing_ranks: list[int] = field(default_factory=list)  # ranks whose trace is not in files
     batch_transform: dict[str, Any] | None = None  # `transform_cost.transform_record`
     recombine: dict[str, Any] | None = None  # `recombine_cost.recombine_record`
+    # the plans of the side-by-side job it was profiled in (None: TorchRec's planner), this
+    # one's included; null: a job of its own. Side by side, peak_memory_bytes is the job's.
+    side_by_side_plans: list[str | None] | None = None
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

@@ -38,6 +38,7 @@ class RankContext:
     pipeline: Any  # a TorchRec TrainPipeline
     plan: Any  # sparselift.plans.Plan or None
     plan_file: str | None  # the plan's path; None: TorchRec's planner
+    contender: int = 0  # its index in `cfg.contenders` (a side-by-side job); 0 in a plain one
 
 
 class StepHook(Protocol):
@@ -180,10 +181,13 @@ class Trainee:
         return seconds
 
 
-def build_trainee(cfg: TrainConfig, setup: RankSetup, plan_file: str | None, steps: int) -> Trainee:
+def build_trainee(
+    cfg: TrainConfig, setup: RankSetup, plan_file: str | None, steps: int, contender: int = 0
+) -> Trainee:
     """Shard the workload by `plan_file` (None: TorchRec's planner), build its optimizer, train
     pipeline, hook and the stream of its `steps` batches (made ahead; seeded by `cfg.seed`, so
-    every trainee of a job gets the same model and the same batches).
+    every trainee of a job gets the same model and the same batches). `contender` is its index in
+    a side-by-side job (the hook sees it in `RankContext.contender`).
     """
     import torch
     import torch.distributed as dist
@@ -218,6 +222,7 @@ def build_trainee(cfg: TrainConfig, setup: RankSetup, plan_file: str | None, ste
         pipeline=pipeline,
         plan=plan,
         plan_file=plan_file,
+        contender=contender,
     )
     hook = load_hook(cfg, ctx)
     stream = batches_for_rank(cfg, setup.spec, setup.rank, setup.world_size)

@@ -34,8 +34,9 @@ def train_side_by_side(cfg: TrainConfig) -> RankResult:
 
     Returns:
         The RankResult: `extra["side_by_side"]` holds the timed steps per contender and round,
-        `extra["hooks"]` each contender's hook's `finish()`; `step_times_s` is every timed step,
-        contender by contender.
+        `extra["steps"]` every step per contender in its own order (warm-up and untimed steps
+        too: the steps its hook saw), `extra["hooks"]` each contender's hook's `finish()` ({}
+        without a hook); `step_times_s` is every timed step, contender by contender.
     """
     import torch.distributed as dist
 
@@ -43,12 +44,15 @@ def train_side_by_side(cfg: TrainConfig) -> RankResult:
     n = len(cfg.contenders)
     switch = n > 1  # each turn starts with an untimed step
     per_trainee = cfg.warmup + cfg.rounds * (int(switch) + cfg.steps)
-    trainees = [build_trainee(cfg, setup, plan, per_trainee) for plan in cfg.contenders]
-    done = [0] * n  # steps each trainee ran so far (its hook's step index)
+    trainees = [
+        build_trainee(cfg, setup, plan, per_trainee, contender=i)
+        for i, plan in enumerate(cfg.contenders)
+    ]
+    steps: list[list[float]] = [[] for _ in range(n)]  # each trainee's steps so far, in order
 
     def step(i: int) -> float:
-        seconds = trainees[i].step(done[i])
-        done[i] += 1
+        seconds = trainees[i].step(len(steps[i]))
+        steps[i].append(seconds)
         return seconds
 
     for i in range(n):
@@ -72,7 +76,7 @@ def train_side_by_side(cfg: TrainConfig) -> RankResult:
         pipeline=",".join(t.pipeline_name for t in trainees),
         device=setup.device.type,
         backend=setup.backend,
-        extra={"side_by_side": timed, "hooks": extras},
+        extra={"side_by_side": timed, "steps": steps, "hooks": extras},
     )
 
 
@@ -84,11 +88,16 @@ class SideBySide:
         workload: the workload's name.
         step_times_s: per contender, per round, each timed step's time on its slowest rank.
         peak_memory_bytes: per rank, with every contender's model in memory.
+        rank_steps_s: per contender, per rank, every step it ran (warm-up and each turn's
+            untimed step too), in its own order.
+        hooks: per contender, per rank, its hook's `finish()` ({} without a hook).
     """
 
     workload: str
     step_times_s: list[list[list[float]]]
     peak_memory_bytes: list[int]
+    rank_steps_s: list[list[list[float]]]
+    hooks: list[list[dict[str, Any]]]
 
     def steps_per_s(self, contender: int) -> list[float]:
         """Per round, 1 / the median of `contender`'s timed steps in that round."""
@@ -111,4 +120,11 @@ def run_side_by_side(cfg: TrainConfig) -> SideBySide:
         [[max(p[c][r][i] for p in per_rank) for i in range(cfg.steps)] for r in range(cfg.rounds)]
         for c in range(len(cfg.contenders))
     ]
-    return SideBySide(spec.name, times, [r.peak_memory_bytes for r in ranks])
+    contenders = range(len(cfg.contenders))
+    return SideBySide(
+        spec.name,
+        times,
+        [r.peak_memory_bytes for r in ranks],
+        [[r.extra["steps"][c] for r in ranks] for c in contenders],
+        [[r.extra["hooks"][c] for r in ranks] for c in contenders],
+    )

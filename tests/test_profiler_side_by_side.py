@@ -1,0 +1,63 @@
+"""Profiles side by side in one job: `sparselift profile --also` and `profile_side_by_side` on
+real 2-rank gloo training of `tiny`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from plans_helpers import round_robin
+
+from sparselift import plans
+from sparselift.cli import main
+from sparselift.profiler.from_ranks import profile_side_by_side
+from sparselift.workloads.harness import TrainConfig
+
+WARMUP, STEPS, STEADY, ROUNDS = 1, 2, 4, 2
+
+
+@pytest.mark.slow
+def test_profile_also_writes_one_profile_per_plan_from_one_job(tmp_path):
+    rr, half = tmp_path / "rr.json", tmp_path / "rr-16bit.json"
+    plans.save(round_robin(2), rr)
+    doc = json.loads(rr.read_text())
+    half.write_text(json.dumps({**doc, "comm_precision": {"forward": "fp16", "backward": "fp16"}}))
+    a, b = tmp_path / "a", tmp_path / "b"
+    argv = ["profile", "--workload", "tiny", "--nproc", "2", "--plan", str(rr), "--out", str(a)]
+    flags = ["--warmup", str(WARMUP), "--steps", str(STEPS), "--steady-steps", str(STEADY)]
+    assert main([*argv, "--also", str(half), str(b), *flags, "--rounds", str(ROUNDS)]) == 0
+
+    # each plan: its warm-up with its window inside, then per round an untimed step and its turn
+    per_plan = WARMUP + STEPS + ROUNDS * (1 + STEADY // ROUNDS)
+    for d, precision in [(a, "fp32"), (b, "fp16")]:
+        m = json.loads((d / "manifest.json").read_text())
+        assert m["side_by_side_plans"] == [str(rr), str(half)]
+        assert m["comm_precision"] == {"forward": precision, "backward": precision}
+        assert m["profiled_steps"] == list(range(WARMUP, WARMUP + STEPS))
+        assert [len(t) for t in m["step_times_s"]] == [per_plan, per_plan]
+        assert len(m["steady_step_s"]) == STEADY and all(s > 0 for s in m["steady_step_s"])
+        assert sorted(p.name for p in d.glob("rank*.trace.json.gz")) == [
+            "rank0.trace.json.gz",
+            "rank1.trace.json.gz",
+        ]
+        assert "--also" in m["command"]
+    assert main(["analyze", str(a), str(b)]) == 0
+    assert (a / "calibration.json").exists()
+
+
+@pytest.mark.slow
+def test_a_contender_without_a_directory_is_trained_but_not_profiled(tmp_path):
+    rr = tmp_path / "rr.json"
+    plans.save(round_robin(2), rr)
+    cfg = TrainConfig(
+        workload="tiny", nproc=2, steps=2, rounds=2, device="cpu", contenders=[str(rr), None]
+    )
+    out = tmp_path / "p"
+    out.mkdir()
+    measured, errors = profile_side_by_side(cfg, [out, None], warmup=WARMUP, steps=STEPS)
+    assert errors == []
+    assert measured.hooks[1] == [{}, {}] and "facts" in measured.hooks[0][0]
+    assert [len(c) for c in measured.step_times_s] == [ROUNDS, ROUNDS]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["side_by_side_plans"] == [str(rr), None]
+    assert m["steady_step_s"] == [s for turn in measured.step_times_s[0] for s in turn]
