@@ -2,17 +2,19 @@
 
 Per workload (tiny, multihot-26 and criteo-kaggle, rows capped), on 2 CPU ranks:
 1. calibrate on TorchRec's plan: profile it under the base and the sparse-dist pipeline and at
-   16-bit collectives, and `analyze BASE SPARSE_DIST BASE_16BIT` (as `tune` starts from: the
-   pipeline's overlap and the quantize cost measured) — the calibration trio;
+   16-bit collectives, side by side in one job (`profile --also`), and `analyze BASE SPARSE_DIST
+   BASE_16BIT` (as `tune` starts from: the pipeline's overlap and the quantize cost measured) —
+   the calibration trio;
 2. plan with `optimize --profile` on that calibration (SparseLift's plan), and take TorchRec's
    plan, round-robin table-wise, and three one-decision neighbours of SparseLift's plan (the
    other pipeline, the other comm precision, its heaviest table moved: `plan_set.neighbours`) —
    six plans, made once, before any plan is measured;
-3. `--repeats` passes; pass r first calibrates again (the trio of step 1 into pass r's own
-   directories; pass 0 is step 1's calibration), then measures the six plans side by side in
-   one job (`--measure side-by-side`, the default: `--turns` rounds in which every plan takes a
-   turn, `workloads.side_by_side`), or each plan in its own profiled job, timing steady steps
-   after its window, in an order rotated by one slot per pass (`--measure separate`). Each plan
+3. `--repeats` passes. `--measure side-by-side` (the default): pass r is one job that profiles
+   the calibration trio again and measures the six plans side by side with it
+   (`profiler.from_ranks.profile_side_by_side`: `--turns` rounds in which each of the nine
+   plans takes a turn; the trio's steady steps are its turns). `--measure separate`: pass r
+   calibrates in a job of its own (pass 0: step 1's) and then profiles each plan in its own job,
+   timing steady steps after its window, in an order rotated by one slot per pass. Each plan
    gets `--after` timed steps a pass, or as many as take `--after-s` seconds at the step pass
    0's calibration measured, whichever is more (short steps are timed over as long a span as
    long ones, so a few slow steps weigh alike);
@@ -20,14 +22,13 @@ Per workload (tiny, multihot-26 and criteo-kaggle, rows capped), on 2 CPU ranks:
    minimizes) from pass r's calibration, and compare with pass r's measured step (median of the
    timed steps, slowest rank).
 
-Why paired in time: a shared host's speed drifts over minutes, and a calibration made long before
-the measurements carries the host's speed of then into every prediction. Calibrating within each
-pass, just before that pass's plans, makes each pass's error a comparison under one host state.
-Why side by side: two jobs of the same plan on this host measure up to 1.3× apart (which cores
-their threads got, their memory layout); in one job that is common to all six plans, so their
-order is the plans', not the jobs'.
-The calibration profiles are runs of their own, separate from the measured plan runs (TorchRec's
-plan too is profiled again as a plan), so no plan is predicted from its own measurement.
+Why calibrated in the job it predicts: two jobs of the same plan on this host measure up to
+1.3–1.5× apart (which cores their threads got, their memory layout), and a shared host's speed
+drifts over minutes. A calibration from another job carries that job's speed into every
+prediction; calibrated side by side with the measured plans, every plan shares the
+calibration's speed, and their errors and their order are the plans', not the jobs'.
+No plan is predicted from its own measurement: the calibration profiles are plans of their own
+(TorchRec's plan too is profiled again as a plan), and the measured plans are not profiled.
 
 Reported per plan: the prediction (median over the passes of the per-pass predictions), the
 measured step (median over the passes), their range, the paired error (median over r of
@@ -67,9 +68,9 @@ from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
 from sparselift.optimizer.topology import Topology, profiled_topology
-from sparselift.tune import sixteen_bit_copy
+from sparselift.profiler.from_ranks import profile_side_by_side
+from sparselift.tune import plan_variant
 from sparselift.workloads.harness import TrainConfig
-from sparselift.workloads.side_by_side import run_side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_ROWS = {"tiny": None, "multihot-26": 200_000, "criteo-kaggle": 200_000}
@@ -118,9 +119,15 @@ def _common(workload: str, max_rows: int | None) -> list[str]:
 
 
 def profile(
-    plan: Path, out: Path, common: list[str], args: argparse.Namespace, pipeline: str | None = None
+    plan: Path,
+    out: Path,
+    common: list[str],
+    args: argparse.Namespace,
+    pipeline: str | None = None,
+    extra: list[str] | None = None,
 ) -> None:
-    """`sparselift profile` of `plan` into `out` (steady steps timed after the window)."""
+    """`sparselift profile` of `plan` into `out` (steady steps timed after the window); `extra`:
+    more flags (`--also`: side by side)."""
     sh(
         "profile",
         *common,
@@ -136,22 +143,67 @@ def profile(
         "--no-execution-trace",
         "--out",
         str(out),
+        *(extra or []),
         "--force",
         log=sys.stderr,
     )
 
 
-def calibrate(torchrec: Path, d: Path, common: list[str], args: argparse.Namespace) -> Calibrated:
-    """The calibration trio in `d`: `torchrec` profiled under base and sparse-dist and at 16-bit
-    collectives, `analyze` on the three; its outcome, read back."""
-    base, sd, half = d / "calib", d / "calib-sparse-dist", d / "calib-16bit"
-    profile(torchrec, base, common, args, "base")
-    profile(torchrec, sd, common, args, "sparse-dist")
-    profile(Path(sixteen_bit_copy(str(torchrec), d)), half, common, args, "base")
-    sh("analyze", str(base), str(sd), str(half), log=sys.stderr)
+def trio(torchrec: Path, d: Path) -> tuple[list[Path], list[Path]]:
+    """The calibration trio's plans (`torchrec` under base, sparse-dist and at 16-bit
+    collectives, written into `d`) and their profile directories in `d`."""
+    d.mkdir(parents=True, exist_ok=True)
+    variants = [("base", False), ("sparse-dist", False), ("base", True)]
+    plans = [Path(plan_variant(str(torchrec), d, p, half)) for p, half in variants]
+    return plans, [d / "calib", d / "calib-sparse-dist", d / "calib-16bit"]
+
+
+def analyzed(dirs: list[Path]) -> Calibrated:
+    """`analyze` the trio's profiles together; the outcome, read back."""
+    sh("analyze", *map(str, dirs), log=sys.stderr)
+    base = dirs[0]
     cal = load_calibration(base / "calibration.json")
     stats, batch = stats_from_profile(base)
     return Calibrated(base, cal, stats, batch, profiled_topology(cal, str(base)))
+
+
+def calibrate(torchrec: Path, d: Path, common: list[str], args: argparse.Namespace) -> Calibrated:
+    """The calibration trio profiled side by side in one job of its own (`profile --also`), and
+    `analyze` on the three."""
+    plan_files, dirs = trio(torchrec, d)
+    also = [x for p, o in zip(plan_files[1:], dirs[1:], strict=True) for x in ("--also", p, o)]
+    rounds = ["--steady-steps", str(args.after), "--rounds", str(args.turns)]
+    profile(plan_files[0], dirs[0], common, args, extra=[*map(str, also), *rounds])
+    return analyzed(dirs)
+
+
+def calibrate_and_measure(
+    named: dict[str, Path], d: Path, workload: str, args: argparse.Namespace
+) -> tuple[Calibrated, dict[str, float]]:
+    """One job: the calibration trio profiled, then the plans of `named` measured side by side
+    with it (`--turns` rounds); the calibration, and each plan's median timed step."""
+    plan_files, dirs = trio(named["torchrec"], d)
+    names = list(named)
+    measured, errors = profile_side_by_side(
+        TrainConfig(
+            workload=workload,
+            nproc=args.nproc,
+            steps=math.ceil(args.after / args.turns),
+            max_rows=MAX_ROWS.get(workload),
+            contenders=[*map(str, plan_files), *(str(named[name]) for name in names)],
+            rounds=args.turns,
+        ),
+        [*dirs, *[None] * len(names)],
+        warmup=5,
+        steps=args.steps,
+    )
+    if errors:
+        raise SystemExit(f"bench_prediction: {errors[0]}")
+    medians = {
+        name: statistics.median(s for turn in measured.step_times_s[len(dirs) + i] for s in turn)
+        for i, name in enumerate(names)
+    }
+    return analyzed(dirs), medians
 
 
 def make_plans(
@@ -191,22 +243,12 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path) -> list[di
     pred: dict[str, list[float]] = {name: [] for name in named}
     names = list(named)
     for r in range(args.repeats):
-        c = c0 if r == 0 else calibrate(work / "torchrec.json", work / f"pass{r}", common, args)
         if args.measure == "side-by-side":
-            measured = run_side_by_side(
-                TrainConfig(
-                    workload=workload,
-                    nproc=args.nproc,
-                    steps=math.ceil(args.after / args.turns),
-                    max_rows=MAX_ROWS.get(workload),
-                    contenders=[str(named[name]) for name in names],
-                    rounds=args.turns,
-                )
-            )
-            for i, name in enumerate(names):
-                steps = [s for turn in measured.step_times_s[i] for s in turn]
-                meas[name].append(statistics.median(steps))
+            c, medians = calibrate_and_measure(named, work / f"job{r}", workload, args)
+            for name in names:
+                meas[name].append(medians[name])
         else:
+            c = c0 if r == 0 else calibrate(work / "torchrec.json", work / f"pass{r}", common, args)
             first = r % len(names)  # rotated a slot per pass: no plan always runs first after it
             for i in [*range(first, len(names)), *range(first)]:
                 out = work / f"plan{i}" / f"pass{r}"

@@ -2,7 +2,9 @@
 
 `tune` profiles the baseline plan (TorchRec's, unless one is given) under each train pipeline
 (the pair calibrates what the sparse-dist pipeline hides) and at 16-bit comm precision (what
-16-bit collectives cost), plans from that calibration, profiles the candidate the same way,
+16-bit collectives cost), all side by side in one job (`profile --also`: their steps are timed
+at one job's speed, so they differ by the plans alone), plans from that calibration, profiles the
+candidate the same way,
 recalibrates on every profile so far together (`analysis.joint`: more plans tell more
 coefficients apart), re-plans, and so on until the plan is a fixed point or the iteration budget
 is spent. Then it measures candidate and baseline in an A/B: both trained side by side in one
@@ -38,6 +40,7 @@ from sparselift.errors import UserError
 from sparselift.workloads.harness import MAX_STEPS, TrainConfig
 
 RESAMPLES = 4000  # bootstrap resamples of the A/B rounds
+STEADY_STEPS = 10  # each profile's steady steps at least (`sparselift profile`'s default)
 CONFIDENCE = 0.95
 
 
@@ -107,12 +110,16 @@ def same_sharding(a: str | Path, b: str | Path) -> bool:
     return all(pa.get(k) == pb.get(k) for k in ("tables", "pipeline", "comm_precision"))
 
 
-def sixteen_bit_copy(plan: str, work: Path) -> str:
-    """`plan` with its pooled collectives at fp16 both ways (what gloo and NCCL both run), written
-    beside the loop's plans; its path."""
+def plan_variant(plan: str, work: Path, pipeline: str, sixteen_bit: bool = False) -> str:
+    """`plan` under the train pipeline `pipeline`, and with its pooled collectives at fp16 both
+    ways if `sixteen_bit` (what gloo and NCCL both run), written beside the loop's plans; its
+    path. Why copies: the plans of a side-by-side job each carry their own pipeline and
+    precision."""
     doc = json.loads(Path(plan).read_text())
-    doc["comm_precision"] = {"forward": "fp16", "backward": "fp16"}
-    out = work / f"{Path(plan).stem}-16bit.json"
+    doc["pipeline"] = pipeline
+    if sixteen_bit:
+        doc["comm_precision"] = {"forward": "fp16", "backward": "fp16"}
+    out = work / f"{Path(plan).stem}-{pipeline}{'-16bit' if sixteen_bit else ''}.json"
     write_json(out, doc)
     return str(out)
 
@@ -206,29 +213,29 @@ def tune(
     profiled: list[str] = []  # every profile so far, each base one before its sparse-dist twin
     for i in range(max_iterations + 1):
         # the plan under each pipeline: the pair measures what the sparse-dist pipeline hides;
-        # the baseline also at 16 bits: the pair measures what 16-bit collectives cost
+        # the baseline also at 16 bits: the pair measures what 16-bit collectives cost. All
+        # side by side in one job: their steps are timed at the same job's speed.
         prof, prof_sd = str(work / f"profile{i}"), str(work / f"profile{i}-sparse-dist")
-        runs = [(plan, "base", prof), (plan, "sparse-dist", prof_sd)]
+        runs = [(plan_variant(plan, work, "base"), prof)]
+        runs.append((plan_variant(plan, work, "sparse-dist"), prof_sd))
         if i == 0:
-            runs.append((sixteen_bit_copy(plan, work), "base", str(work / "profile0-16bit")))
-        for run_plan, pipeline, d in runs:
-            argv = [
-                "profile",
-                *train,
-                "--plan",
-                run_plan,
-                "--pipeline",
-                pipeline,
-                "--steps",
-                str(profile_steps),
-                "--after",
-                str(after),
-                "--out",
-                d,
-                "--force",
-            ]
-            _step(f"profile {run_plan}", argv, run_command, echo)
-        profiled[:0] = [d for _, _, d in runs]  # this plan's first: the sparse-dist fit pairs it
+            runs.append((plan_variant(plan, work, "base", True), str(work / "profile0-16bit")))
+        argv = [
+            "profile",
+            *train,
+            "--plan",
+            runs[0][0],
+            "--out",
+            runs[0][1],
+            *(x for run_plan, d in runs[1:] for x in ("--also", run_plan, d)),
+            "--steps",
+            str(profile_steps),
+            "--steady-steps",
+            str(max(after, STEADY_STEPS)),
+            "--force",
+        ]
+        _step(f"profile {plan}", argv, run_command, echo)
+        profiled[:0] = [d for _, d in runs]  # this plan's first: the sparse-dist fit pairs it
         _step(f"analyze {prof}", ["analyze", *profiled], run_command, echo)
         nxt = str(work / f"plan{i + 1}.json")
         _step(
