@@ -1,20 +1,21 @@
 """Does the calibration predict plans it never saw, and rank them as they measure?
 
 Per workload (tiny, multihot-26 and criteo-kaggle, rows capped), on 2 CPU ranks:
-1. calibrate on TorchRec's plan: profile it under the base and the sparse-dist pipeline and at
-   16-bit collectives, side by side in one job (`profile --also`), and `analyze BASE SPARSE_DIST
-   BASE_16BIT` (as `tune` starts from: the pipeline's overlap and the quantize cost measured) —
-   the calibration trio;
+1. calibrate on TorchRec's plan: profile it under the base and the sparse-dist pipeline, at
+   16-bit collectives and with its largest table row-wise, side by side in one job (`profile
+   --also`), and `analyze` the four together (as `tune` starts from: the pipeline's overlap,
+   the quantize cost and the reduce-scatter measured) — the calibration set;
 2. plan with `optimize --profile` on that calibration (SparseLift's plan), and take TorchRec's
    plan, round-robin table-wise, and three one-decision neighbours of SparseLift's plan (the
    other pipeline, the other comm precision, its heaviest table moved: `plan_set.neighbours`) —
    six plans, made once, before any plan is measured;
 3. `--repeats` passes. `--measure side-by-side` (the default): pass r is one job that profiles
-   the calibration trio again and measures the six plans side by side with it
-   (`profiler.from_ranks.profile_side_by_side`: `--turns` rounds in which each of the nine
-   plans takes a turn; the trio's steady steps are its turns). `--measure separate`: pass r
-   calibrates in a job of its own (pass 0: step 1's) and then profiles each plan in its own job,
-   timing steady steps after its window, in an order rotated by one slot per pass. Each plan
+   the calibration set again and measures the six plans side by side with it
+   (`profiler.from_ranks.profile_side_by_side`: `--turns` rounds in which each of the ten
+   plans takes a turn; the calibration profiles' steady steps are their turns). `--measure
+   separate`: pass r calibrates in a job of its own (pass 0: step 1's) and then profiles each
+   plan in its own job, timing steady steps after its window, in an order rotated by one slot
+   per pass. Each plan
    gets `--after` timed steps a pass, or as many as take `--after-s` seconds at the step pass
    0's calibration measured, whichever is more (short steps are timed over as long a span as
    long ones, so a few slow steps weigh alike);
@@ -69,7 +70,7 @@ from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
 from sparselift.optimizer.topology import Topology, profiled_topology
 from sparselift.profiler.from_ranks import profile_side_by_side
-from sparselift.tune import plan_variant
+from sparselift.tune import plan_variant, row_wise_variant
 from sparselift.workloads.harness import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +79,7 @@ MAX_ROWS = {"tiny": None, "multihot-26": 200_000, "criteo-kaggle": 200_000}
 
 @dataclass
 class Calibrated:
-    """One calibration trio's outcome: the base profile's directory, calibration.json's object,
+    """One calibration set's outcome: the base profile's directory, calibration.json's object,
     the tables as profiled, the per-rank batch and the profiled topology."""
 
     base: Path
@@ -149,17 +150,23 @@ def profile(
     )
 
 
-def trio(torchrec: Path, d: Path) -> tuple[list[Path], list[Path]]:
-    """The calibration trio's plans (`torchrec` under base, sparse-dist and at 16-bit
-    collectives, written into `d`) and their profile directories in `d`."""
+def calibration_set(torchrec: Path, d: Path) -> tuple[list[Path], list[Path]]:
+    """The calibration set's plans (`torchrec` under base, sparse-dist, at 16-bit collectives
+    and with its largest table row-wise, as `tune` profiles its baseline; written into `d`) and
+    their profile directories in `d`."""
     d.mkdir(parents=True, exist_ok=True)
     variants = [("base", False), ("sparse-dist", False), ("base", True)]
-    plans = [Path(plan_variant(str(torchrec), d, p, half)) for p, half in variants]
-    return plans, [d / "calib", d / "calib-sparse-dist", d / "calib-16bit"]
+    plan_files = [Path(plan_variant(str(torchrec), d, p, half)) for p, half in variants]
+    dirs = [d / "calib", d / "calib-sparse-dist", d / "calib-16bit"]
+    row_wise = row_wise_variant(str(torchrec), d)
+    if row_wise is not None:
+        plan_files.append(Path(row_wise))
+        dirs.append(d / "calib-row-wise")
+    return plan_files, dirs
 
 
 def analyzed(dirs: list[Path]) -> Calibrated:
-    """`analyze` the trio's profiles together; the outcome, read back."""
+    """`analyze` the calibration set's profiles together; the outcome, read back."""
     sh("analyze", *map(str, dirs), log=sys.stderr)
     base = dirs[0]
     cal = load_calibration(base / "calibration.json")
@@ -168,9 +175,9 @@ def analyzed(dirs: list[Path]) -> Calibrated:
 
 
 def calibrate(torchrec: Path, d: Path, common: list[str], args: argparse.Namespace) -> Calibrated:
-    """The calibration trio profiled side by side in one job of its own (`profile --also`), and
-    `analyze` on the three."""
-    plan_files, dirs = trio(torchrec, d)
+    """The calibration set profiled side by side in one job of its own (`profile --also`), and
+    `analyze` on them together."""
+    plan_files, dirs = calibration_set(torchrec, d)
     also = [x for p, o in zip(plan_files[1:], dirs[1:], strict=True) for x in ("--also", p, o)]
     rounds = ["--steady-steps", str(args.after), "--rounds", str(args.turns)]
     profile(plan_files[0], dirs[0], common, args, extra=[*map(str, also), *rounds])
@@ -180,9 +187,9 @@ def calibrate(torchrec: Path, d: Path, common: list[str], args: argparse.Namespa
 def calibrate_and_measure(
     named: dict[str, Path], d: Path, workload: str, args: argparse.Namespace
 ) -> tuple[Calibrated, dict[str, float]]:
-    """One job: the calibration trio profiled, then the plans of `named` measured side by side
+    """One job: the calibration set profiled, and the plans of `named` measured side by side
     with it (`--turns` rounds); the calibration, and each plan's median timed step."""
-    plan_files, dirs = trio(named["torchrec"], d)
+    plan_files, dirs = calibration_set(named["torchrec"], d)
     names = list(named)
     measured, errors = profile_side_by_side(
         TrainConfig(
@@ -209,7 +216,8 @@ def calibrate_and_measure(
 def make_plans(
     work: Path, common: list[str], args: argparse.Namespace
 ) -> tuple[dict[str, Path], Calibrated]:
-    """Calibrate (pass 0's trio), then write the six plans; (name → file, pass 0's calibration)."""
+    """Calibrate (pass 0's calibration set), then write the six plans; (name → file, pass 0's
+    calibration)."""
     torchrec, rr, ours = work / "torchrec.json", work / "round_robin.json", work / "sparselift.json"
     world = ["--world-size", str(args.nproc)]
     sh("plan", "from-torchrec", *common, *world, "--out", str(torchrec), log=sys.stderr)

@@ -1,10 +1,10 @@
 """Close the loop on the harness: plan, measure, re-plan, and ship only what measured faster.
 
 `tune` profiles the baseline plan (TorchRec's, unless one is given) under each train pipeline
-(the pair calibrates what the sparse-dist pipeline hides) and at 16-bit comm precision (what
-16-bit collectives cost), all side by side in one job (`profile --also`: their steps are timed
-at one job's speed, so they differ by the plans alone), plans from that calibration, profiles the
-candidate the same way,
+(the pair calibrates what the sparse-dist pipeline hides), at 16-bit comm precision (what 16-bit
+collectives cost) and with its largest table row-wise (what a reduce-scatter costs), all side by
+side in one job (`profile --also`: their steps are timed at one job's speed, so they differ by
+the plans alone); it plans from that calibration, profiles the candidate the same way,
 recalibrates on every profile so far together (`analysis.joint`: more plans tell more
 coefficients apart), re-plans, and so on until the plan is a fixed point or the iteration budget
 is spent. Then it measures candidate and baseline in an A/B: both trained side by side in one
@@ -124,6 +124,39 @@ def plan_variant(plan: str, work: Path, pipeline: str, sixteen_bit: bool = False
     return str(out)
 
 
+def row_wise_variant(plan: str, work: Path) -> str | None:
+    """`plan` with its largest table (rows × dim) that is not row-wise made row-wise over every
+    rank (TorchRec's even row blocks), under the base pipeline, written beside the loop's plans;
+    its path, or None where there is none to make (one rank, splits, every table row-wise).
+    Why: a row-wise table's pooled output is a reduce-scatter, which a plan without one cannot
+    price but by analogy; one profiled row-wise table measures it."""
+    doc = json.loads(Path(plan).read_text())
+    world = int(doc["topology"]["world_size"])
+    size = {t["name"]: (t["num_embeddings"], t["embedding_dim"]) for t in doc["model"]["tables"]}
+    others = [t for t in doc["tables"] if t["sharding_type"] != "row_wise" and t["name"] in size]
+    if world < 2 or doc.get("splits") or not others:
+        return None
+    table = max(others, key=lambda t: size[t["name"]][0] * size[t["name"]][1])
+    rows, dim = size[table["name"]]
+    block = -(-rows // world)
+    table.update(
+        sharding_type="row_wise",
+        ranks=list(range(world)),
+        shards=[
+            {
+                "rank": r,
+                "offsets": [r * block, 0],
+                "sizes": [max(0, min(block, rows - r * block)), dim],
+            }
+            for r in range(world)
+        ],
+    )
+    doc["pipeline"] = "base"
+    out = work / f"{Path(plan).stem}-row-wise.json"
+    write_json(out, doc)
+    return str(out)
+
+
 def ratio_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, float]:
     """(median, low, high) of per-round ratios; the interval bootstraps the rounds (seeded).
 
@@ -218,8 +251,11 @@ def tune(
         prof, prof_sd = str(work / f"profile{i}"), str(work / f"profile{i}-sparse-dist")
         runs = [(plan_variant(plan, work, "base"), prof)]
         runs.append((plan_variant(plan, work, "sparse-dist"), prof_sd))
-        if i == 0:
+        if i == 0:  # and with a table row-wise: it measures the reduce-scatter
             runs.append((plan_variant(plan, work, "base", True), str(work / "profile0-16bit")))
+            row_wise = row_wise_variant(plan, work)
+            if row_wise is not None:
+                runs.append((row_wise, str(work / "profile0-row-wise")))
         argv = [
             "profile",
             *train,

@@ -51,14 +51,15 @@ def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
     assert out.read_bytes() == open(baseline, "rb").read()
     rec = json.loads((tmp_path / "work" / "tune.json").read_text())
     assert rec["shipped"] == "baseline" and rec["iterations"][0]["measured_step_s"] > 0
-    # the candidate's profile was calibrated together with the baseline's (at fp32 and at
-    # 16 bits): each is checked by the fit on the others, and 16 bits are priced as measured
+    # the candidate's profile was calibrated together with the baseline's (at fp32, at 16 bits
+    # and with a table row-wise): each is checked by the fit on the others, and 16 bits and the
+    # reduce-scatter are priced as measured
     held = rec["iterations"][1]["held_out"]
     names = [h["profile"].rsplit("/", 1)[-1] for h in held]
-    assert names == ["profile1", "profile0", "profile0-16bit"]
+    assert names == ["profile1", "profile0", "profile0-16bit", "profile0-row-wise"]
     assert all(h["measured_step_s"] > 0 for h in held)
     cal = json.loads((tmp_path / "work" / "profile1" / "calibration.json").read_text())
-    assert cal["ops"]["qcomm_quantize"]["n"] > 0
+    assert cal["ops"]["qcomm_quantize"]["n"] > 0 and cal["ops"]["output_dist_rs_fwd"]["n"] > 0
     report = tmp_path / "tune.html"
     write_tune_report(report, res, tmp_path / "work")
     page = report.read_text()
@@ -74,3 +75,25 @@ def test_a_failing_rank_stops_tune_and_leaves_the_last_good_plan(tmp_path, basel
     with pytest.raises(RankFailed, match="injected failure on rank 1"):
         _tune(tmp_path, baseline, out, ab_hook="rank_hooks:CrashOnRank")
     assert out.read_text() == "last good plan"
+
+
+def test_the_row_wise_variant_makes_the_largest_table_row_wise_in_even_blocks(tmp_path):
+    from sparselift import plans
+    from sparselift.tune import row_wise_variant
+
+    rr = tmp_path / "rr.json"
+    argv = ["plan", "round-robin", "--workload", "criteo-kaggle", "--world-size", "3"]
+    assert main([*argv, "--max-rows", "100000", "--out", str(rr)]) == 0
+    variant = plans.load(row_wise_variant(str(rr), tmp_path))  # loading checks its shards
+    before = {t.name: t for t in plans.load(rr).tables}
+    moved = [t for t in variant.tables if t.sharding_type != before[t.name].sharding_type]
+    rows = {t.name: t.num_embeddings * t.embedding_dim for t in variant.model}
+    assert [t.name for t in moved] == [max(rows, key=rows.get)]
+    assert moved[0].ranks == [0, 1, 2]
+    assert [s.sizes[0] for s in moved[0].shards] == [33334, 33334, 33332]
+    one = tmp_path / "one.json"
+    assert (
+        main(["plan", "round-robin", "--workload", "tiny", "--world-size", "1", "--out", str(one)])
+        == 0
+    )
+    assert row_wise_variant(str(one), tmp_path) is None
