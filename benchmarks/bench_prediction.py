@@ -70,7 +70,7 @@ from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
 from sparselift.optimizer.topology import Topology, profiled_topology
 from sparselift.profiler.from_ranks import profile_side_by_side
-from sparselift.tune import plan_variant, row_wise_variant
+from sparselift.tune import calibration_plans
 from sparselift.workloads.harness import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,14 +155,8 @@ def calibration_set(torchrec: Path, d: Path) -> tuple[list[Path], list[Path]]:
     and with its largest table row-wise, as `tune` profiles its baseline; written into `d`) and
     their profile directories in `d`."""
     d.mkdir(parents=True, exist_ok=True)
-    variants = [("base", False), ("sparse-dist", False), ("base", True)]
-    plan_files = [Path(plan_variant(str(torchrec), d, p, half)) for p, half in variants]
-    dirs = [d / "calib", d / "calib-sparse-dist", d / "calib-16bit"]
-    row_wise = row_wise_variant(str(torchrec), d)
-    if row_wise is not None:
-        plan_files.append(Path(row_wise))
-        dirs.append(d / "calib-row-wise")
-    return plan_files, dirs
+    variants = calibration_plans(str(torchrec), d, baseline=True)
+    return [Path(p) for p, _ in variants], [d / f"calib{suffix}" for _, suffix in variants]
 
 
 def analyzed(dirs: list[Path]) -> Calibrated:

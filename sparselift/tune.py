@@ -124,6 +124,24 @@ def plan_variant(plan: str, work: Path, pipeline: str, sixteen_bit: bool = False
     return str(out)
 
 
+def calibration_plans(plan: str, work: Path, baseline: bool) -> list[tuple[str, str]]:
+    """The variants of `plan` a calibration profiles side by side, written beside the loop's
+    plans, each with its profile directory's suffix: under the base ("") and the sparse-dist
+    pipeline (the pair measures what the pipeline hides) and, for the `baseline`, at 16 bits
+    (what 16-bit collectives cost) and with a table row-wise (what a reduce-scatter costs,
+    `row_wise_variant`, where there is one)."""
+    out = [
+        (plan_variant(plan, work, "base"), ""),
+        (plan_variant(plan, work, "sparse-dist"), "-sparse-dist"),
+    ]
+    if baseline:
+        out.append((plan_variant(plan, work, "base", True), "-16bit"))
+        row_wise = row_wise_variant(plan, work)
+        if row_wise is not None:
+            out.append((row_wise, "-row-wise"))
+    return out
+
+
 def row_wise_variant(plan: str, work: Path) -> str | None:
     """`plan` with its largest table (rows × dim) that is not row-wise made row-wise over every
     rank (TorchRec's even row blocks), under the base pipeline, written beside the loop's plans;
@@ -245,17 +263,9 @@ def tune(
         train += ["--batch-size", str(cfg.batch_size)]
     profiled: list[str] = []  # every profile so far, each base one before its sparse-dist twin
     for i in range(max_iterations + 1):
-        # the plan under each pipeline: the pair measures what the sparse-dist pipeline hides;
-        # the baseline also at 16 bits: the pair measures what 16-bit collectives cost. All
-        # side by side in one job: their steps are timed at the same job's speed.
+        # all side by side in one job: their steps are timed at the same job's speed
         prof, prof_sd = str(work / f"profile{i}"), str(work / f"profile{i}-sparse-dist")
-        runs = [(plan_variant(plan, work, "base"), prof)]
-        runs.append((plan_variant(plan, work, "sparse-dist"), prof_sd))
-        if i == 0:  # and with a table row-wise: it measures the reduce-scatter
-            runs.append((plan_variant(plan, work, "base", True), str(work / "profile0-16bit")))
-            row_wise = row_wise_variant(plan, work)
-            if row_wise is not None:
-                runs.append((row_wise, str(work / "profile0-row-wise")))
+        runs = [(p, f"{prof}{suffix}") for p, suffix in calibration_plans(plan, work, i == 0)]
         argv = [
             "profile",
             *train,
