@@ -42,9 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar=("PLAN", "DIR"),
         help="also profile PLAN into DIR, side by side in the same job (each plan's window in "
-        "its own turn): profiles that share a job's speed compare as plans, not as jobs "
+        "its own warm-up): profiles that share a job's speed compare as plans, not as jobs "
         "(repeatable). Each profile's steady steps are then its plan's timed turns in "
-        "--rounds rounds after every window, --steady-steps in all",
+        "--rounds rounds after every window, --steady-steps in all (--after is not used)",
     )
     p.add_argument(
         "--rounds",
