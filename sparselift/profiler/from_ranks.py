@@ -50,12 +50,12 @@ def write_from_parent(
     facts = ProfileFacts(**extras[0]["facts"])
     facts.step_times_s = step_times_s
     first, n = facts.warmup + len(facts.profiled_steps), len(facts.steady_step_s)
-    if all(len(t) >= first + n for t in step_times_s):
+    if side_by_side is not None:
+        facts.side_by_side_plans, facts.steady_step_s = side_by_side
+    elif all(len(t) >= first + n for t in step_times_s):
         facts.steady_step_s = [max(t[i] for t in step_times_s) for i in range(first, first + n)]
     facts.peak_memory_bytes = peak_memory_bytes
     facts.errors = [f"rank {r}: {e}" for r, x in enumerate(extras) for e in x.get("errors", [])]
-    if side_by_side is not None:
-        facts.side_by_side_plans, facts.steady_step_s = side_by_side
     write_profile(out, extras[0]["rows"], facts)
 
 
