@@ -39,6 +39,10 @@ def _object(v: Any) -> bool:
     return isinstance(v, dict)
 
 
+TABLES = (
+    "a list of objects, each with a string 'name'",
+    _list_of(lambda t: _object(t) and isinstance(t.get("name"), str)),
+)
 # top-level key → (what it must be, in words; the test of a present, non-null value)
 SHAPES: dict[str, tuple[str, Any]] = {
     "local_world_size": ("an integer >= 1", lambda v: _int(v, 1)),
@@ -56,10 +60,8 @@ SHAPES: dict[str, tuple[str, Any]] = {
     ),
     "steady_step_s": ("a list of finite numbers", _list_of(_number)),
     "missing_ranks": ("a list of integers >= 0", _list_of(lambda x: _int(x, 0))),
-    "tables": (
-        "a list of objects, each with a string 'name'",
-        _list_of(lambda t: _object(t) and isinstance(t.get("name"), str)),
-    ),
+    "tables": TABLES,
+    "model_tables": TABLES,
     "sharding": ("a list of objects", _list_of(_object)),
     "files": ("an object", _object),
     "comm_precision": ("an object", _object),

@@ -6,9 +6,11 @@ collectives cost) and with its largest table row-wise (what a reduce-scatter cos
 side in one job (`profile --also`: their steps are timed at one job's speed, so they differ by
 the plans alone); it plans from that calibration, profiles the candidate the same way,
 recalibrates on every profile so far together (`analysis.joint`: more plans tell more
-coefficients apart), re-plans, and so on until the plan is a fixed point or the iteration budget
-is spent. Then it measures candidate and baseline in an A/B: both trained side by side in one
-job, taking turns (`workloads.side_by_side`). The candidate is shipped only when the lower end of
+coefficients apart; a split plan's profile, of the model's tables split into virtual ones, is
+fitted with the others, and the statistics are read from one without splits), re-plans, and so
+on until the plan is a fixed point (or one already profiled) or the iteration budget is spent.
+Then it measures candidate and baseline in an A/B: both trained side by side in one job, taking
+turns (`workloads.side_by_side`). The candidate is shipped only when the lower end of
 the interval of the measured ratio is above 1: a model's prediction is evidence for trying a
 plan, not for shipping it.
 
@@ -81,7 +83,8 @@ class TuneResult:
     Attributes:
         baseline, candidate: plan files (the candidate is the loop's last plan).
         iterations: the profiled plans, in order.
-        fixed_point: whether the loop stopped because re-planning gave the same plan.
+        fixed_point: whether the loop stopped because re-planning gave the same plan, or one
+            already profiled (then the candidate is that one).
         ab_ratios: per A/B round, candidate steps/s ÷ baseline steps/s (empty without A/B).
         ratio, low, high: the median per-round ratio and its bootstrap interval (None without A/B).
         shipped: "candidate" or "baseline".
@@ -284,17 +287,17 @@ def tune(
         profiled[:0] = [d for _, d in runs]  # this plan's first: the sparse-dist fit pairs it
         _step(f"analyze {prof}", ["analyze", *profiled], run_command, echo)
         nxt = str(work / f"plan{i + 1}.json")
+        # a split plan's profile counts lookups per virtual table: optimize then refits the
+        # calibration on every profile and reads the statistics from one without splits
+        fitted_on = profiled if json.loads(Path(plan).read_text()).get("splits") else [prof]
         _step(
             f"optimize --profile {prof}",
             [
                 "optimize",
-                "--profile",
-                prof,
+                *(x for d in fitted_on for x in ("--profile", d)),
                 "--time-limit",
                 str(time_limit_s),
                 *(["--min-gain", str(min_gain)] if min_gain is not None else []),
-                "--splits",  # a candidate with splits is profiled per virtual table, which the
-                "off",  # next iteration could not plan the model's tables from
                 "--out",
                 nxt,
             ],
@@ -316,6 +319,10 @@ def tune(
         )
         if same_sharding(nxt, plan):
             result.fixed_point = True
+            break
+        earlier = next((it.plan for it in result.iterations if same_sharding(nxt, it.plan)), None)
+        if earlier is not None:  # back to a plan already profiled, whose profile was fitted on
+            plan, result.fixed_point = earlier, True
             break
         if i == max_iterations:
             break

@@ -61,3 +61,46 @@ def test_a_contender_without_a_directory_is_trained_but_not_profiled(tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     assert m["side_by_side_plans"] == [str(rr), None]
     assert m["steady_step_s"] == [s for turn in measured.step_times_s[0] for s in turn]
+
+
+@pytest.mark.slow
+def test_a_split_plans_profile_is_of_the_same_job_and_fitted_with_the_unsplit_one(tmp_path, cli):
+    from test_plans_virtual import split_plan
+
+    rr, split = tmp_path / "rr.json", tmp_path / "split.json"
+    plans.save(round_robin(2), rr)
+    plans.save(split_plan(2), split)
+    a, b = tmp_path / "a", tmp_path / "b"
+    argv = ["profile", "--workload", "tiny", "--nproc", "2", "--plan", str(rr), "--out", str(a)]
+    flags = ["--warmup", str(WARMUP), "--steps", str(STEPS), "--steady-steps", str(STEADY)]
+    assert main([*argv, "--also", str(split), str(b), *flags, "--rounds", str(ROUNDS)]) == 0
+
+    ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
+    assert ma["model_tables"] is None
+    model = [
+        {k: t[k] for k in ("name", "num_embeddings", "embedding_dim", "feature_names")}
+        for t in ma["tables"]
+    ]
+    assert mb["model_tables"] == model  # the model's own tables, beside the virtual ones
+    assert {"t3__hot", "t5__rows1", "t7__cols0"} <= {t["name"] for t in mb["tables"]}
+
+    code, out, _ = cli("analyze", str(b), str(a))
+    assert code == 0, out
+    held = json.loads((b / "calibration.json").read_text())["held_out"]
+    assert sorted(h["profile"] for h in held) == sorted([str(a), str(b)])
+
+    # planning reads the statistics from the profile without splits, wherever it is given
+    code, _, err = cli("optimize", "--profile", str(b), "--splits", "off", "--out", "p.json")
+    assert code == 2 and "a plan without splits too" in err
+    p = tmp_path / "p.json"
+    code, out, _ = cli("optimize", "--profile", str(b), "--profile", str(a), "--out", str(p))
+    assert code == 0, out
+    doc = json.loads(p.read_text())
+    assert doc["provenance"]["profile"] == str(a)
+    assert doc["provenance"]["profiles"] == [str(b), str(a)]
+
+    # a split profile of another model is still another job's
+    mb["model_tables"][3]["num_embeddings"] += 1
+    (b / "manifest.json").write_text(json.dumps(mb))
+    code, _, err = cli("analyze", str(a), str(b))
+    assert code == 2 and "profiles of different jobs" in err and "'t3'" in err

@@ -69,6 +69,58 @@ def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
 
 
 @pytest.mark.slow
+def test_a_split_candidates_profile_is_fitted_with_the_rest_and_a_return_ends_the_loop(
+    tmp_path, baseline
+):
+    """The loop's decisions are forced (the first re-plan is a split plan, the second the
+    baseline again); its profiles, fits and re-plans are real."""
+    from test_plans_virtual import split_plan
+
+    from sparselift import plans
+
+    forced = [plans.load(baseline)]  # popped from the end: the split plan first
+    forced.append(split_plan(2))
+    optimized: list[tuple[list[str], dict]] = []  # each re-plan's command and its own plan
+
+    def run(argv: list[str]) -> int:
+        code = main(argv)
+        if argv[0] == "optimize" and code == 0:
+            out = argv[argv.index("--out") + 1]
+            doc = json.loads(open(out).read())
+            optimized.append((argv, doc))
+            plans.save(forced.pop(), out)
+            forced_doc = json.loads(open(out).read())
+            open(out, "w").write(json.dumps({**forced_doc, "predicted": doc["predicted"]}))
+        return code
+
+    cfg = TrainConfig(workload="tiny", nproc=2, steps=10, warmup=2)
+    loop = {**LOOP, "max_iterations": 3}
+    work = tmp_path / "work"
+    quiet = {"echo": lambda s: None}
+    res = tune(cfg, tmp_path / "out.json", work, run, baseline=baseline, **quiet, **loop)
+
+    # the split plan's profile, of its virtual tables, is fitted with the baseline's ...
+    held = [h["profile"].rsplit("/", 1)[-1] for h in res.iterations[1].held_out]
+    assert held == ["profile1", "profile0", "profile0-16bit", "profile0-row-wise"]
+    assert json.loads((work / "profile1" / "manifest.json").read_text())["model_tables"]
+    # ... and re-planned from every profile, the statistics read from the baseline's
+    argv, doc = optimized[1]
+    given = [argv[i + 1] for i, x in enumerate(argv) if x == "--profile"]
+    assert [g.rsplit("/", 1)[-1] for g in given] == [
+        "profile1",
+        "profile1-sparse-dist",
+        "profile0",
+        "profile0-sparse-dist",
+        "profile0-16bit",
+        "profile0-row-wise",
+    ]
+    assert doc["provenance"]["profile"] == str(work / "profile0")
+    # back to the baseline, already profiled: the loop ends there, with no A/B
+    assert len(res.iterations) == 2 and res.fixed_point
+    assert res.candidate == baseline and res.shipped == "baseline" and res.ab_ratios == []
+
+
+@pytest.mark.slow
 def test_a_failing_rank_stops_tune_and_leaves_the_last_good_plan(tmp_path, baseline):
     out = tmp_path / "shipped.json"
     out.write_text("last good plan")

@@ -141,7 +141,9 @@ def steady_steps(profile: str | Path) -> SteadySteps:
 
 
 def check_same_job(baseline: str | Path, candidate: str | Path) -> None:
-    """Refuse two profiles of different jobs: the tables, batch size or world size differ.
+    """Refuse two profiles of different jobs: the model's tables, batch size or world size
+    differ. A split plan's profile is of its model's tables (the manifest's `model_tables`), not
+    of the virtual tables it sharded.
 
     Raises:
         UserError: one line naming both profiles and the first difference.
@@ -155,7 +157,7 @@ def check_same_job(baseline: str | Path, candidate: str | Path) -> None:
                 t.get("embedding_dim"),
                 tuple(t.get("feature_names") or ()),
             )
-            for t in m.get("tables") or []
+            for t in m.get("model_tables") or m.get("tables") or []
         }
 
     ta, tb = tables(a), tables(b)

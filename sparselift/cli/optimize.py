@@ -116,7 +116,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
     from sparselift.optimizer.topology import load_topology, profiled_topology
 
     calibration, spec, in_force, hot = None, None, None, None
-    profile = args.profile[0] if args.profile else None
+    profile = statistics_profile(args.profile) if args.profile else None
     if profile is not None:
         prof = read_profile(profile, need_calibration=len(args.profile) == 1)
         calibration, stats, batch = prof.calibration, prof.stats, prof.batch_size
@@ -154,6 +154,15 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
     offered = split_options(stats, topo.world_size, hot) if args.splits == "auto" else {}
     coeffs = coefficients(topo, calibration, dense)
     return Inputs(stats, topo, batch, coeffs, provenance, offered), in_force
+
+
+def statistics_profile(profiles: list[str]) -> str:
+    """The profile planning reads the table statistics from: the first without splits (a split
+    plan's profile counts lookups per virtual table), else the first (`read_profile` refuses
+    it, in one line)."""
+    from sparselift.profile_manifest import read_manifest
+
+    return next((p for p in profiles if not read_manifest(p).get("model_tables")), profiles[0])
 
 
 def _joint_calibration(profiles: list[str]) -> dict[str, Any]:

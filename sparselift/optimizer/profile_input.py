@@ -68,7 +68,7 @@ def read_profile(profile_dir: str | Path, *, need_calibration: bool) -> ProfileI
         raise UserError(
             f"{profile_dir}: profiled with a plan that splits tables (virtual tables "
             f"{', '.join(virtual[:3])}{' …' if len(virtual) > 3 else ''}); planning reads the "
-            "model's own tables: profile the job with a plan without splits"
+            "model's own tables: give a profile of the job under a plan without splits too"
         )
     recorded = (manifest.get("files") or {}).get("hot_ids")
     hot = read_hot_ids(profile_dir) if recorded else None

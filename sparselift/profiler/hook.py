@@ -50,4 +50,21 @@ def make_hook(
         workload=ctx.spec.name,
         device=ctx.device,
         steady_steps=steady_steps,
+        model_tables=model_tables(ctx.plan),
     )
+
+
+def model_tables(plan: Any) -> list[dict[str, Any]] | None:
+    """The model's own tables as the manifest records them, where `plan` (a `plans.Plan` or
+    None) splits tables, so that the sharded modules hold virtual ones; None otherwise."""
+    if plan is None or not plan.splits:
+        return None
+    return [
+        dict(
+            name=t.name,
+            num_embeddings=t.num_embeddings,
+            embedding_dim=t.embedding_dim,
+            feature_names=list(t.feature_names),
+        )
+        for t in plan.model
+    ]

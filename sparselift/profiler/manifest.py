@@ -33,6 +33,9 @@ read, written, seconds}], b_s, r2}; each sample is the first `split` pooled tabl
 the fastest call; b_s (per element of read + written, through the origin) fits them
 (`sparselift.analysis.recombine_fit`), which `sparselift analyze` refits over all samples as
 calibration.json's `ops["recombine"]`.
+model_tables ([{name, num_embeddings, embedding_dim, feature_names}], the model's own tables
+where the plan in force splits tables and `tables` are its virtual ones; null otherwise, absent in
+older manifests) says which model a split plan's profile is of.
 """
 
 from __future__ import annotations
@@ -159,6 +162,8 @@ class ProfileFacts:
     # the plans of the side-by-side job it was profiled in (None: TorchRec's planner), this
     # one's included; null: a job of its own. Side by side, peak_memory_bytes is the job's.
     side_by_side_plans: list[str | None] | None = None
+    # the model's own tables where `tables` are a split plan's virtual ones; null: they are
+    model_tables: list[dict[str, Any]] | None = None
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

@@ -74,6 +74,7 @@ def profile_facts(
         warmup=s.first,
         profiled_steps=s.profiled_steps,
         tables=table_entries(s.tables, s.spec_tables, alphas, hot),
+        model_tables=s.model_tables,
         sharding=s.sharding,
         pipeline=s.pipeline,
         step_times_s=[r.step_times_s for r in reports],
