@@ -62,6 +62,7 @@ SHAPES: dict[str, tuple[str, Any]] = {
     "missing_ranks": ("a list of integers >= 0", _list_of(lambda x: _int(x, 0))),
     "tables": TABLES,
     "model_tables": TABLES,
+    "splits": ("a list of objects", _list_of(_object)),
     "sharding": ("a list of objects", _list_of(_object)),
     "files": ("an object", _object),
     "comm_precision": ("an object", _object),

@@ -108,9 +108,9 @@ class TuneResult:
 
 
 def same_sharding(a: str | Path, b: str | Path) -> bool:
-    """Whether two plan files make the same choices (tables, pipeline, comm precision)."""
+    """Whether two plan files make the same choices (tables, splits, pipeline, comm precision)."""
     pa, pb = (json.loads(Path(p).read_text()) for p in (a, b))
-    return all(pa.get(k) == pb.get(k) for k in ("tables", "pipeline", "comm_precision"))
+    return all(pa.get(k) == pb.get(k) for k in ("tables", "splits", "pipeline", "comm_precision"))
 
 
 def plan_variant(plan: str, work: Path, pipeline: str, sixteen_bit: bool = False) -> str:

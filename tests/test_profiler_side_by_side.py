@@ -10,6 +10,7 @@ from plans_helpers import round_robin
 
 from sparselift import plans
 from sparselift.cli import main
+from sparselift.optimizer.profile_input import plan_in_force
 from sparselift.profiler.from_ranks import profile_side_by_side
 from sparselift.workloads.harness import TrainConfig
 
@@ -83,6 +84,9 @@ def test_a_split_plans_profile_is_of_the_same_job_and_fitted_with_the_unsplit_on
     ]
     assert mb["model_tables"] == model  # the model's own tables, beside the virtual ones
     assert {"t3__hot", "t5__rows1", "t7__cols0"} <= {t["name"] for t in mb["tables"]}
+    rebuilt, ran = plan_in_force(mb), plans.load(split)  # the plan in force, from the manifest
+    assert rebuilt is not None and plan_in_force(ma) is not None
+    assert (rebuilt.model, rebuilt.tables, rebuilt.splits) == (ran.model, ran.tables, ran.splits)
 
     code, out, _ = cli("analyze", str(b), str(a))
     assert code == 0, out

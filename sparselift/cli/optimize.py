@@ -110,10 +110,11 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
         load_calibration,
     )
     from sparselift.optimizer.optimize import Inputs
-    from sparselift.optimizer.profile_input import read_profile
+    from sparselift.optimizer.profile_input import plan_in_force, read_profile
     from sparselift.optimizer.split_options import split_options
     from sparselift.optimizer.table_stats import stats_from_spec
     from sparselift.optimizer.topology import load_topology, profiled_topology
+    from sparselift.profile_manifest import read_manifest
 
     calibration, spec, in_force, hot = None, None, None, None
     profile = statistics_profile(args.profile) if args.profile else None
@@ -121,6 +122,8 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
         prof = read_profile(profile, need_calibration=len(args.profile) == 1)
         calibration, stats, batch = prof.calibration, prof.stats, prof.batch_size
         in_force, hot = prof.plan_in_force, prof.hot_ids
+        if profile != args.profile[0]:  # the plan to beat is the one the first profile ran
+            in_force = plan_in_force(read_manifest(args.profile[0]))
         if len(args.profile) > 1:
             calibration = _joint_calibration(args.profile)
         provenance: dict[str, Any] = {"profile": str(profile)}
@@ -162,6 +165,8 @@ def statistics_profile(profiles: list[str]) -> str:
     it, in one line)."""
     from sparselift.profile_manifest import read_manifest
 
+    if len(profiles) == 1:  # read_profile says what is wrong with it
+        return profiles[0]
     return next((p for p in profiles if not read_manifest(p).get("model_tables")), profiles[0])
 
 

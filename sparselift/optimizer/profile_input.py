@@ -88,23 +88,29 @@ def plan_in_force(manifest: dict[str, Any]) -> plans.Plan | None:
     """The plan a profiled run trained with, rebuilt from its manifest (tables, sharding,
     pipeline, comm precision): the plan a new one must be predicted to beat.
 
+    A split plan's profile shards virtual tables: its plan is rebuilt with the model's tables
+    (`model_tables`) and the splits (`splits`) the manifest records.
+
     Returns:
         The plan, or None where the manifest does not describe it whole (an older manifest, a
-        pipeline other than TorchRec's two, a table without its sharding): then it is not a
-        candidate.
+        pipeline other than TorchRec's two, a table without its sharding, virtual tables without
+        their splits): then it is not a candidate.
     """
     sharding = {e.get("table"): e for e in manifest.get("sharding") or []}
     tables = manifest.get("tables") or []
     pipeline = PIPELINES.get(str(manifest.get("pipeline")))
     if not tables or pipeline is None or any(t.get("name") not in sharding for t in tables):
         return None
+    model, splits = manifest.get("model_tables"), manifest.get("splits")
+    if bool(model) != bool(splits):
+        return None
     doc = {
         "format": plans.FORMAT,
-        "version": 1,
+        "version": 2 if splits else 1,
         "model": {
             "tables": [
-                {k: t[k] for k in ("name", "num_embeddings", "embedding_dim", "feature_names")}
-                for t in tables
+                {k: t.get(k) for k in ("name", "num_embeddings", "embedding_dim", "feature_names")}
+                for t in model or tables
             ]
         },
         "topology": {
@@ -126,6 +132,7 @@ def plan_in_force(manifest: dict[str, Any]) -> plans.Plan | None:
         ],
         "comm_precision": manifest.get("comm_precision") or {"forward": "fp32", "backward": "fp32"},
         "pipeline": pipeline,
+        **({"splits": splits} if splits else {}),
     }
     try:
         return plans.Plan.from_dict(doc, "the profiled plan")

@@ -50,16 +50,19 @@ def make_hook(
         workload=ctx.spec.name,
         device=ctx.device,
         steady_steps=steady_steps,
-        model_tables=model_tables(ctx.plan),
+        **split_record(ctx.plan),
     )
 
 
-def model_tables(plan: Any) -> list[dict[str, Any]] | None:
-    """The model's own tables as the manifest records them, where `plan` (a `plans.Plan` or
-    None) splits tables, so that the sharded modules hold virtual ones; None otherwise."""
+def split_record(plan: Any) -> dict[str, Any]:
+    """What the manifest records of a `plan` (a `plans.Plan` or None) that splits tables, so that
+    its sharded modules hold virtual ones: `model_tables` (the model's own tables) and `splits`
+    (as the plan file writes them); {} for a plan without splits."""
     if plan is None or not plan.splits:
-        return None
-    return [
+        return {}
+    from sparselift.plans.splits import split_to_dict
+
+    tables = [
         dict(
             name=t.name,
             num_embeddings=t.num_embeddings,
@@ -68,3 +71,4 @@ def model_tables(plan: Any) -> list[dict[str, Any]] | None:
         )
         for t in plan.model
     ]
+    return {"model_tables": tables, "splits": [split_to_dict(x) for x in plan.splits]}

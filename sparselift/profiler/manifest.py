@@ -35,7 +35,8 @@ the fastest call; b_s (per element of read + written, through the origin) fits t
 calibration.json's `ops["recombine"]`.
 model_tables ([{name, num_embeddings, embedding_dim, feature_names}], the model's own tables
 where the plan in force splits tables and `tables` are its virtual ones; null otherwise, absent in
-older manifests) says which model a split plan's profile is of.
+older manifests) says which model a split plan's profile is of; splits (that plan's splits as
+its file writes them, null otherwise) with it describe the plan in force whole.
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ class ProfileFacts:
     side_by_side_plans: list[str | None] | None = None
     # the model's own tables where `tables` are a split plan's virtual ones; null: they are
     model_tables: list[dict[str, Any]] | None = None
+    splits: list[dict[str, Any]] | None = None  # that plan's splits, as its file writes them
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

@@ -75,6 +75,7 @@ def profile_facts(
         profiled_steps=s.profiled_steps,
         tables=table_entries(s.tables, s.spec_tables, alphas, hot),
         model_tables=s.model_tables,
+        splits=s.splits,
         sharding=s.sharding,
         pipeline=s.pipeline,
         step_times_s=[r.step_times_s for r in reports],

@@ -111,6 +111,8 @@ class ProfileSession:
         model_tables: the model's own tables (name, num_embeddings, embedding_dim,
             feature_names) where the sharded modules hold a split plan's virtual tables
             instead (`Plan.model`); recorded so that the profile is known as one of that model.
+        splits: that plan's splits as its file writes them (recorded so that the plan in force
+            can be rebuilt from the manifest).
     Raises:
         UserError: a bad window or steady_steps < 0, or NoShardedEmbeddingError: the model is
             not DMP-sharded.
@@ -132,6 +134,7 @@ class ProfileSession:
         device: torch.device | None = None,
         steady_steps: int = 10,
         model_tables: list[dict[str, Any]] | None = None,
+        splits: list[dict[str, Any]] | None = None,
     ) -> None:
         if warmup < 0 or steps < 1 or steady_steps < 0:
             raise UserError(
@@ -150,7 +153,7 @@ class ProfileSession:
         self.pipeline = type(pipeline).__name__ if pipeline is not None else None
         self.write_files = write_files
         self.spec_tables, self.command, self.workload = spec_tables, command, workload
-        self.model_tables = model_tables
+        self.model_tables, self.splits = model_tables, splits
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
