@@ -317,11 +317,9 @@ def tune(
             f"{measured * 1e3:.2f} ms (steady steps)"
             + (f"; leave-one-out errors of the joint calibration: {loo}" if loo else "")
         )
-        if same_sharding(nxt, plan):
-            result.fixed_point = True
-            break
+        # the same plan again, or back to one already profiled (its profile is fitted on)
         earlier = next((it.plan for it in result.iterations if same_sharding(nxt, it.plan)), None)
-        if earlier is not None:  # back to a plan already profiled, whose profile was fitted on
+        if earlier is not None:
             plan, result.fixed_point = earlier, True
             break
         if i == max_iterations:
