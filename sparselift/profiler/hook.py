@@ -60,15 +60,5 @@ def split_record(plan: Any) -> dict[str, Any]:
     (as the plan file writes them); {} for a plan without splits."""
     if plan is None or not plan.splits:
         return {}
-    from sparselift.plans.splits import split_to_dict
-
-    tables = [
-        dict(
-            name=t.name,
-            num_embeddings=t.num_embeddings,
-            embedding_dim=t.embedding_dim,
-            feature_names=list(t.feature_names),
-        )
-        for t in plan.model
-    ]
-    return {"model_tables": tables, "splits": [split_to_dict(x) for x in plan.splits]}
+    doc = plan.to_dict()
+    return {"model_tables": doc["model"]["tables"], "splits": doc["splits"]}
