@@ -126,13 +126,16 @@ class HeldOut:
     Attributes:
         profile: the profile left out.
         measured_step_s: the step a calibration on it reproduces (its steady step where timed,
-            else its fastest profiled step; slowest rank).
+            else its fastest profiled step; slowest rank), at the speed of the first profile's
+            job (`analysis.job_levels`): as measured ÷ `level`.
         predicted_step_s: that step under the calibration fitted without it.
+        level: its job's steps ÷ the first profile's job's (1.0: the same job, or not linked).
     """
 
     profile: str
     measured_step_s: float
     predicted_step_s: float
+    level: float = 1.0
 
     @property
     def error(self) -> float:
@@ -382,9 +385,12 @@ def _held_out(doc: Any, where: str) -> list[HeldOut]:
         profile = _optional(h, "profile", str, where, at)
         measured = _optional_number(h, "measured_step_s", where, at)
         predicted = _optional_number(h, "predicted_step_s", where, at)
+        level = _optional_number(h, "level", where, at)
         if profile is None or measured is None or predicted is None or measured <= 0:
             raise UserError(
                 f"{where}: {at[:-1]} needs profile, measured_step_s > 0 and predicted_step_s"
             )
-        out.append(HeldOut(profile, measured, predicted))
+        if level is not None and not (math.isfinite(level) and level > 0):
+            raise UserError(f"{where}: {at}level must be a finite number > 0, got {level}")
+        out.append(HeldOut(profile, measured, predicted, 1.0 if level is None else level))
     return out

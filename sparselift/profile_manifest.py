@@ -68,6 +68,7 @@ SHAPES: dict[str, tuple[str, Any]] = {
     "comm_precision": ("an object", _object),
     "batch_transform": ("an object", _object),
     "recombine": ("an object", _object),
+    "side_by_side_job": ("a non-empty string", lambda v: isinstance(v, str) and v != ""),
     "side_by_side_plans": (
         "a list of plan paths or nulls",
         _list_of(lambda x: x is None or isinstance(x, str)),

@@ -4,15 +4,16 @@
 (the pair calibrates what the sparse-dist pipeline hides), at 16-bit comm precision (what 16-bit
 collectives cost) and with its largest table row-wise (what a reduce-scatter costs), all side by
 side in one job (`profile --also`: their steps are timed at one job's speed, so they differ by
-the plans alone); it plans from that calibration, profiles the candidate the same way,
-recalibrates on every profile so far together (`analysis.joint`: more plans tell more
-coefficients apart; a split plan's profile, of the model's tables split into virtual ones, is
-fitted with the others, and the statistics are read from one without splits), re-plans, and so
-on until the plan is a fixed point (or one already profiled) or the iteration budget is spent.
-Then it measures candidate and baseline in an A/B: both trained side by side in one job, taking
-turns (`workloads.side_by_side`). The candidate is shipped only when the lower end of
-the interval of the measured ratio is above 1: a model's prediction is evidence for trying a
-plan, not for shipping it.
+the plans alone); it plans from that calibration, profiles the candidate the same way with the
+baseline beside it (separate jobs run at their own speed: the plan both ran levels them,
+`analysis.job_levels`), recalibrates on every profile so far together (`analysis.joint`: more
+plans tell more coefficients apart; a split plan's profile, of the model's tables split into
+virtual ones, is fitted with the others, and the statistics are read from one without splits),
+re-plans, and so on until the plan is a fixed point (or one already profiled) or the iteration
+budget is spent. Then it measures candidate and baseline in an A/B: both trained side by side in
+one job, taking turns (`workloads.side_by_side`). The candidate is shipped only when the lower
+end of the interval of the measured ratio is above 1: a model's prediction is evidence for
+trying a plan, not for shipping it.
 
 Each step runs a `sparselift` command in-process (profile, analyze, optimize, plan: the caller
 passes the CLI's entry point, so this module does not import the CLI), so it takes the same
@@ -64,6 +65,9 @@ class Iteration:
         predicted_step_s: the step `optimize` predicted for it (None for the baseline).
         measured_step_s: the median steady step of its profile (slowest rank).
         next_plan: the plan `optimize` made from this profile.
+        baseline_step_s: the baseline's median steady step in the same job (the baseline's
+            own profile is `measured_step_s` for the first iteration; later ones profile it
+            beside the plan).
         held_out: the joint calibration's leave-one-out checks after this profile
             (`calibration.HeldOut` as JSON; [] while there is one base profile).
     """
@@ -73,6 +77,7 @@ class Iteration:
     predicted_step_s: float | None
     measured_step_s: float
     next_plan: str
+    baseline_step_s: float
     held_out: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -127,21 +132,24 @@ def plan_variant(plan: str, work: Path, pipeline: str, sixteen_bit: bool = False
     return str(out)
 
 
-def calibration_plans(plan: str, work: Path, baseline: bool) -> list[tuple[str, str]]:
+def calibration_plans(plan: str, work: Path, baseline: str) -> list[tuple[str, str]]:
     """The variants of `plan` a calibration profiles side by side, written beside the loop's
     plans, each with its profile directory's suffix: under the base ("") and the sparse-dist
-    pipeline (the pair measures what the pipeline hides) and, for the `baseline`, at 16 bits
-    (what 16-bit collectives cost) and with a table row-wise (what a reduce-scatter costs,
-    `row_wise_variant`, where there is one)."""
+    pipeline (the pair measures what the pipeline hides) and, for the `baseline` itself, at 16
+    bits (what 16-bit collectives cost) and with a table row-wise (what a reduce-scatter costs,
+    `row_wise_variant`, where there is one); for any other plan, the baseline under the base
+    pipeline ("-baseline"): the plan both jobs ran levels this job's speed with the first's
+    (`analysis.job_levels`)."""
     out = [
         (plan_variant(plan, work, "base"), ""),
         (plan_variant(plan, work, "sparse-dist"), "-sparse-dist"),
     ]
-    if baseline:
-        out.append((plan_variant(plan, work, "base", True), "-16bit"))
-        row_wise = row_wise_variant(plan, work)
-        if row_wise is not None:
-            out.append((row_wise, "-row-wise"))
+    if plan != baseline:
+        return [*out, (plan_variant(baseline, work, "base"), "-baseline")]
+    out.append((plan_variant(plan, work, "base", True), "-16bit"))
+    row_wise = row_wise_variant(plan, work)
+    if row_wise is not None:
+        out.append((row_wise, "-row-wise"))
     return out
 
 
@@ -268,7 +276,7 @@ def tune(
     for i in range(max_iterations + 1):
         # all side by side in one job: their steps are timed at the same job's speed
         prof, prof_sd = str(work / f"profile{i}"), str(work / f"profile{i}-sparse-dist")
-        runs = [(p, f"{prof}{suffix}") for p, suffix in calibration_plans(plan, work, i == 0)]
+        runs = [(p, f"{prof}{suffix}") for p, suffix in calibration_plans(plan, work, baseline)]
         argv = [
             "profile",
             *train,
@@ -287,14 +295,11 @@ def tune(
         profiled[:0] = [d for _, d in runs]  # this plan's first: the sparse-dist fit pairs it
         _step(f"analyze {prof}", ["analyze", *profiled], run_command, echo)
         nxt = str(work / f"plan{i + 1}.json")
-        # a split plan's profile counts lookups per virtual table: optimize then refits the
-        # calibration on every profile and reads the statistics from one without splits
-        fitted_on = profiled if json.loads(Path(plan).read_text()).get("splits") else [prof]
         _step(
             f"optimize --profile {prof}",
             [
                 "optimize",
-                *(x for d in fitted_on for x in ("--profile", d)),
+                *(x for d in profiled for x in ("--profile", d)),
                 "--time-limit",
                 str(time_limit_s),
                 *(["--min-gain", str(min_gain)] if min_gain is not None else []),
@@ -308,13 +313,15 @@ def tune(
             prof_sd if json.loads(Path(plan).read_text()).get("pipeline") == "sparse-dist" else prof
         )
         measured = steady_steps(own).median_s
+        base_step = steady_steps(prof if i == 0 else f"{prof}-baseline").median_s
         held = json.loads(Path(prof, "calibration.json").read_text()).get("held_out", [])
-        result.iterations.append(Iteration(plan, own, predicted, measured, nxt, held))
+        result.iterations.append(Iteration(plan, own, predicted, measured, nxt, base_step, held))
         pred = "—" if predicted is None else f"{predicted * 1e3:.2f} ms"
         loo = ", ".join(f"{Path(h['profile']).name} {h['error']:+.1%}" for h in held)
+        beside = f"; the baseline {base_step * 1e3:.2f} ms beside it" if i else ""
         echo(
             f"tune: iteration {i}: {Path(plan).name} predicted {pred}, measured "
-            f"{measured * 1e3:.2f} ms (steady steps)"
+            f"{measured * 1e3:.2f} ms (steady steps){beside}"
             + (f"; leave-one-out errors of the joint calibration: {loo}" if loo else "")
         )
         # the same plan again, or back to one already profiled (its profile is fitted on)

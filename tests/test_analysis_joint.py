@@ -3,7 +3,9 @@ predicted by the fit on the others, and profiles of different jobs are refused."
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -11,8 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sparselift.analysis.evidence import ProfileEvidence
+from sparselift.analysis.evidence import ProfileEvidence, slowed
 from sparselift.analysis.fit import fit_evidence
+from sparselift.analysis.job_levels import job_levels, levelled
 from sparselift.analysis.joint import fit_jointly
 from sparselift.analysis.pipeline import analyze
 from sparselift.analysis.samples import SAMPLE_COLUMNS
@@ -78,6 +81,35 @@ def test_a_joint_fit_recovers_the_coefficients_two_plans_were_made_with():
     # one plan alone cannot tell the weights apart: the kernel's stand
     alone = fit_evidence([tw]).ops["lookup_fwd"]
     assert alone.unique_weight is None and alone.bag_weight is None
+
+
+def _in_job(ev: ProfileEvidence, job: str, plan: str, slower: float = 1.0) -> ProfileEvidence:
+    """`ev` as profiled in side-by-side job `job` under plan `plan`, that job `slower`× as slow."""
+    manifest = {**ev.manifest, "side_by_side_job": job, "sharding": [{"plan": plan}]}
+    return dataclasses.replace(slowed(ev, slower), manifest=manifest)
+
+
+def test_separate_jobs_are_levelled_by_the_plan_both_profiled():
+    # job A: the table-wise plan; job B, 1.6× as slow: the row-wise plan and the table-wise again
+    tw = _evidence("tw", 0, 4, ["table_wise"])
+    evidence = [
+        _in_job(_evidence("rw", 1, 4, ["row_wise", "column_wise"]), "B", "rw", 1.6),
+        _in_job(tw, "B", "tw", 1.6),
+        _in_job(tw, "A", "tw"),
+        _in_job(_evidence("lone", 2, 4, ["table_wise"]), "C", "other", 1.3),
+    ]
+    levels = job_levels(evidence)
+    # the first profile's job is the reference: job A ran at 1 / 1.6 of its steps
+    assert [lv.level for lv in levels[:3]] == pytest.approx([1.0, 1.0, 1 / 1.6])
+    assert levels[2].linked and levels[2].via == ("tw / tw",)
+    assert levels[3].level == 1.0 and not levels[3].linked  # job C shares no plan
+    # fitted at one speed, the truth comes back; as measured, the slow job skews it
+    cal = fit_evidence(levelled(evidence[:3], levels[:3]))
+    assert cal.ops["lookup_fwd"].b_s == pytest.approx(B_S * 1.6, rel=0.05)
+    assert cal.dense_step_s == pytest.approx(DENSE * 1.6, rel=0.05)
+    assert cal.ops["input_dist"].a_s == pytest.approx(DIST_A * 1.6, rel=0.05)
+    raw = fit_evidence(evidence[:3])
+    assert raw.ops["input_dist"].a_s != pytest.approx(DIST_A * 1.6, rel=0.1)
 
 
 def test_each_fixture_profile_is_predicted_by_the_fit_on_the_other():
@@ -158,6 +190,25 @@ def test_optimize_plans_with_the_joint_calibration_of_two_profiles(tmp_path, cap
     assert plan["provenance"]["profiles"] == [str(TW), str(RW)]
     both = f"{TW} + {RW}"
     assert plan["evidence"]["lookup_bwd"] == {"source": "measured", "from": both}
+
+
+def test_optimize_takes_the_calibration_analyze_fitted_on_the_same_profiles(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(TW, a)
+    shutil.copytree(RW, b)
+    assert main(["analyze", str(a), str(b), "--no-cache"]) == 0
+    capsys.readouterr()
+    argv = ["optimize", "--profile", str(a), "--profile", str(b), "--no-baseline"]
+    assert main([*argv, "--time-limit", "2", "--out", str(tmp_path / "saved.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "fitted on these 2 profiles together by `sparselift analyze`" in printed
+    assert f"left out {b}: predicted" in printed and "calibrated on" not in printed
+    # a profile rewritten since: fitted again, to the same plan
+    later = (a / "calibration.json").stat().st_mtime + 10
+    os.utime(b / "manifest.json", (later, later))
+    assert main([*argv, "--time-limit", "2", "--out", str(tmp_path / "refit.json")]) == 0
+    assert "calibrated on 2 profiles together" in capsys.readouterr().out
+    assert (tmp_path / "saved.json").read_bytes() == (tmp_path / "refit.json").read_bytes()
 
 
 def test_a_calibration_reproduces_the_steady_step_timed_after_the_window(tmp_path):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from sparselift.analysis.compare import steady_steps
 from sparselift.cli import main
 from sparselift.tune import ratio_interval, tune
 from sparselift.tune_report import write_tune_report
@@ -56,8 +57,20 @@ def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
     # reduce-scatter are priced as measured
     held = rec["iterations"][1]["held_out"]
     names = [h["profile"].rsplit("/", 1)[-1] for h in held]
-    assert names == ["profile1", "profile0", "profile0-16bit", "profile0-row-wise"]
+    assert names == [
+        "profile1",
+        "profile1-baseline",
+        "profile0",
+        "profile0-16bit",
+        "profile0-row-wise",
+    ]
     assert all(h["measured_step_s"] > 0 for h in held)
+    # the baseline profiled beside the candidate levels the first job's speed with the second's
+    work = tmp_path / "work"
+    beside = steady_steps(work / "profile1-baseline").median_s
+    assert rec["iterations"][1]["baseline_step_s"] == beside
+    level = steady_steps(work / "profile0").median_s / beside
+    assert [h.get("level", 1.0) for h in held] == pytest.approx([1, 1, level, level, level])
     cal = json.loads((tmp_path / "work" / "profile1" / "calibration.json").read_text())
     assert cal["ops"]["qcomm_quantize"]["n"] > 0 and cal["ops"]["output_dist_rs_fwd"]["n"] > 0
     report = tmp_path / "tune.html"
@@ -101,20 +114,27 @@ def test_a_split_candidates_profile_is_fitted_with_the_rest_and_a_return_ends_th
 
     # the split plan's profile, of its virtual tables, is fitted with the baseline's ...
     held = [h["profile"].rsplit("/", 1)[-1] for h in res.iterations[1].held_out]
-    assert held == ["profile1", "profile0", "profile0-16bit", "profile0-row-wise"]
+    assert held == [
+        "profile1",
+        "profile1-baseline",
+        "profile0",
+        "profile0-16bit",
+        "profile0-row-wise",
+    ]
     assert json.loads((work / "profile1" / "manifest.json").read_text())["model_tables"]
-    # ... and re-planned from every profile, the statistics read from the baseline's
+    # ... and re-planned from every profile, the statistics read from the baseline's beside it
     argv, doc = optimized[1]
     given = [argv[i + 1] for i, x in enumerate(argv) if x == "--profile"]
     assert [g.rsplit("/", 1)[-1] for g in given] == [
         "profile1",
         "profile1-sparse-dist",
+        "profile1-baseline",
         "profile0",
         "profile0-sparse-dist",
         "profile0-16bit",
         "profile0-row-wise",
     ]
-    assert doc["provenance"]["profile"] == str(work / "profile0")
+    assert doc["provenance"]["profile"] == str(work / "profile1-baseline")
     # back to the baseline, already profiled: the loop ends there, with no A/B
     assert len(res.iterations) == 2 and res.fixed_point
     assert res.candidate == baseline and res.shipped == "baseline" and res.ab_ratios == []

@@ -12,6 +12,7 @@ attached.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,24 +230,24 @@ def gather_evidence(
 def scaled_to_steady(ev: ProfileEvidence, steady_s: float, inflation: float) -> ProfileEvidence:
     """`ev` with its durations divided by the window's inflation (where it is > 1: a window no
     slower than the steady steps was not slowed by the profiler) and the steady step as target."""
-    f = max(inflation, 1.0)
-    calls = ev.calls.copy()
-    calls[list(SCALED)] = calls[list(SCALED)] / f
-    dp = ev.dp.copy()
-    for col in ("dur_s", "transfer_s"):
-        if col in dp:
-            dp[col] = dp[col] / f
-    return ProfileEvidence(
-        ev.profile,
-        ev.manifest,
-        ev.device,
-        ev.world_size,
-        calls,
-        ev.step_s / f,
-        dp,
+    return dataclasses.replace(
+        slowed(ev, 1.0 / max(inflation, 1.0)),
         target_s=steady_s,
         steady_step_s=steady_s,
         inflation=inflation,
-        transform=ev.transform,
-        recombine=ev.recombine,
+    )
+
+
+def slowed(ev: ProfileEvidence, f: float) -> ProfileEvidence:
+    """`ev` with every duration it fits on (its calls', steps', data-parallel collectives',
+    target and steady step) multiplied by `f`."""
+    calls = ev.calls.copy()
+    calls[list(SCALED)] = calls[list(SCALED)] * f
+    dp = ev.dp.copy()
+    for col in ("dur_s", "transfer_s"):
+        if col in dp:
+            dp[col] = dp[col] * f
+    steady = None if ev.steady_step_s is None else ev.steady_step_s * f
+    return dataclasses.replace(
+        ev, calls=calls, step_s=ev.step_s * f, dp=dp, target_s=ev.target_s * f, steady_step_s=steady
     )

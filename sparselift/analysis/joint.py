@@ -28,6 +28,7 @@ from sparselift.analysis.fit import (
     transform_fit_of,
     with_rs_kinds,
 )
+from sparselift.analysis.job_levels import JobLevel, job_levels, levelled
 from sparselift.analysis.pipeline import Analysis
 from sparselift.analysis.pipeline_overlap import (
     SPARSE_DIST,
@@ -52,11 +53,13 @@ class JointFit:
             its pipeline overlap and overhead when a sparse-dist profile has a base twin).
         base: the profiles the op kinds were fitted on.
         pipeline: the pipeline's fit, or None.
+        levels: each base profile's job level (`job_levels`), in `base`'s order.
     """
 
     calibration: Calibration
     base: tuple[str, ...]
     pipeline: PipelineOverlap | None
+    levels: tuple[JobLevel, ...] = ()
 
 
 def check_one_job(profiles: Sequence[str]) -> None:
@@ -96,8 +99,9 @@ def fit_profiles(evidence: list[ProfileEvidence]) -> Calibration:
     return cal
 
 
-def held_out(evidence: list[ProfileEvidence], i: int) -> HeldOut:
-    """Profile i's step (its `target_s`) predicted by the calibration fitted on the others.
+def held_out(evidence: list[ProfileEvidence], i: int, level: float = 1.0) -> HeldOut:
+    """Profile i's step (its `target_s`) predicted by the calibration fitted on the others;
+    `level`: its job's (`evidence` is levelled already), recorded with it.
 
     Op kinds the others do not have are priced by `prior_fit` (or not at all off CPU); a
     reduce-scatter output kind by the others' all-to-all fit where they have one (`fit.fit_of`),
@@ -111,7 +115,7 @@ def held_out(evidence: list[ProfileEvidence], i: int) -> HeldOut:
         if fit_of(ops, kind) is None and prior is not None:
             ops[kind] = prior
     predicted = (cal.dense_step_s or 0.0) + sparse_at_target(ev, ops)
-    return HeldOut(ev.profile, ev.target_s, predicted)
+    return HeldOut(ev.profile, ev.target_s, predicted, level)
 
 
 def fit_jointly(analyses: Sequence[Analysis], cache: bool = True) -> JointFit:
@@ -137,7 +141,8 @@ def fit_jointly(analyses: Sequence[Analysis], cache: bool = True) -> JointFit:
     base = [a for a in analyses if a.manifest.get("pipeline") != SPARSE_DIST]
     if not base:
         raise UserError(f"{paths[0]}: no profile under the base pipeline to fit the op costs on")
-    evidence = [a.evidence for a in base]
+    levels = job_levels([a.evidence for a in base])
+    evidence = levelled([a.evidence for a in base], levels)
     cal = fit_profiles(evidence)
     tx = transform_fit_of([a.evidence for a in analyses])
     if tx is not None:
@@ -146,11 +151,12 @@ def fit_jointly(analyses: Sequence[Analysis], cache: bool = True) -> JointFit:
     if rc is not None:
         cal.ops[RECOMBINE] = rc
     if len(evidence) > 1:
-        cal.held_out = [held_out(evidence, i) for i in range(len(evidence))]
+        cal.held_out = [held_out(evidence, i, levels[i].level) for i in range(len(evidence))]
     overlap = _pipeline(base, sd, cache) if sd else None
     if overlap is not None:
         cal = with_pipeline(cal, overlap)
-    return JointFit(cal, tuple(ev.profile for ev in evidence), overlap)
+    cal.provenance.profiles = paths if len(paths) > 1 else []
+    return JointFit(cal, tuple(ev.profile for ev in evidence), overlap, tuple(levels))
 
 
 def _pipeline(base: list[Analysis], sd: list[Analysis], cache: bool) -> PipelineOverlap:
@@ -170,13 +176,37 @@ def _pipeline(base: list[Analysis], sd: list[Analysis], cache: bool) -> Pipeline
 
 
 def held_out_lines(joint: JointFit) -> list[str]:
-    """What the joint fit was made of, and each profile predicted by the fit on the others."""
-    cal = joint.calibration
+    """What the joint fit was made of, each job's level, and each profile predicted by the fit
+    on the others (`check_lines`)."""
     lines = [f"calibrated on {len(joint.base)} profiles together: {', '.join(joint.base)}"]
+    first = joint.levels[0].job if joint.levels else None
+    others = [lv for lv in joint.levels if lv.job != first]
+    for lv in others:
+        if lv.linked:
+            lines.append(
+                f"  {lv.profile}'s job ran at {lv.level:.3f}× the steps of {joint.base[0]}'s "
+                f"(measured on {', '.join(lv.via)}): its steps are fitted ÷ {lv.level:.3f}"
+            )
+    alone = [lv.profile for lv in others if not lv.linked]
+    if alone:
+        lines.append(
+            f"  not levelled (their jobs share no plan with {joint.base[0]}'s, fitted as "
+            f"measured): {', '.join(alone)}"
+        )
+    return lines + check_lines(joint.calibration)
+
+
+def check_lines(cal: Calibration) -> list[str]:
+    """Each profile of a joint calibration predicted by the fit on the others, and the lookup
+    unit's refitted weights."""
+    lines = []
     for h in cal.held_out:
+        in_job = (
+            f" ({h.measured_step_s * h.level * 1e3:.2f} ms in its job)" if h.level != 1.0 else ""
+        )
         lines.append(
             f"  left out {h.profile}: predicted {h.predicted_step_s * 1e3:.2f} ms, measured "
-            f"{h.measured_step_s * 1e3:.2f} ms ({h.error:+.1%})"
+            f"{h.measured_step_s * 1e3:.2f} ms{in_job} ({h.error:+.1%})"
         )
     for kind in ("lookup_fwd", "lookup_bwd"):
         fit = cal.ops.get(kind)

@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparselift.errors import UserError
+from sparselift.profile_manifest import read_manifest
 
 if TYPE_CHECKING:
     from sparselift import plans
+    from sparselift.calibration import Calibration
     from sparselift.optimizer.optimize import Inputs, Result
     from sparselift.optimizer.topology import Topology
 
@@ -114,7 +116,6 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
     from sparselift.optimizer.split_options import split_options
     from sparselift.optimizer.table_stats import stats_from_spec
     from sparselift.optimizer.topology import load_topology, profiled_topology
-    from sparselift.profile_manifest import read_manifest
 
     calibration, spec, in_force, hot = None, None, None, None
     profile = statistics_profile(args.profile) if args.profile else None
@@ -163,8 +164,6 @@ def statistics_profile(profiles: list[str]) -> str:
     """The profile planning reads the table statistics from: the first without splits (a split
     plan's profile counts lookups per virtual table), else the first (`read_profile` refuses
     it, in one line)."""
-    from sparselift.profile_manifest import read_manifest
-
     if len(profiles) == 1:  # read_profile says what is wrong with it
         return profiles[0]
     return next((p for p in profiles if not read_manifest(p).get("model_tables")), profiles[0])
@@ -172,18 +171,47 @@ def statistics_profile(profiles: list[str]) -> str:
 
 def _joint_calibration(profiles: list[str]) -> dict[str, Any]:
     """The calibration fitted on every profile together (`analysis.joint`), printing each one's
-    leave-one-out error.
+    leave-one-out error: the first profile's calibration.json where `sparselift analyze` fitted
+    it on these profiles, in this order, after each was written (`_analyzed_together`), else
+    fitted here.
 
     Raises:
         UserError: the profiles are of different jobs, or one is not a profile.
     """
-    from sparselift.analysis.joint import check_one_job, fit_jointly, held_out_lines
+    from sparselift.analysis.joint import check_lines, check_one_job, fit_jointly, held_out_lines
     from sparselift.analysis.pipeline import analyze
 
     check_one_job(profiles)
+    saved = _analyzed_together(profiles)
+    if saved is not None:
+        print(
+            f"calibration: {profiles[0]}/calibration.json, fitted on these {len(profiles)} "
+            "profiles together by `sparselift analyze`"
+        )
+        print("\n".join(check_lines(saved)))
+        return saved.to_dict()
     joint = fit_jointly([analyze(p) for p in profiles])
     print("\n".join(held_out_lines(joint)))
     return joint.calibration.to_dict()
+
+
+def _analyzed_together(profiles: list[str]) -> Calibration | None:
+    """The first profile's calibration.json if it was fitted on exactly `profiles` (its
+    provenance lists them, in order) later than any of their manifests was written; else None.
+    Why: `analyze A B …` already fitted it, and a refit takes as long again."""
+    from sparselift.calibration import Calibration
+
+    path = Path(profiles[0], "calibration.json")
+    if not path.is_file():
+        return None
+    cal = Calibration.load(path)
+    fitted_on = [Path(p).resolve() for p in cal.provenance.profiles]
+    manifests = [Path(p, "manifest.json") for p in profiles]
+    given = [Path(p).resolve() for p in profiles]
+    if fitted_on != given or not all(m.is_file() for m in manifests):
+        return None
+    newest = max(m.stat().st_mtime for m in manifests)
+    return cal if (cal.provenance.created_unix or 0.0) > newest else None
 
 
 def run_optimize(args: argparse.Namespace) -> int:

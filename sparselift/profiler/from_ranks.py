@@ -11,6 +11,7 @@ same job) shares that speed, and what differs between them is the plans.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ def write_from_parent(
     extras: list[dict[str, Any]],
     step_times_s: list[list[float]],
     peak_memory_bytes: list[int],
-    side_by_side: tuple[list[str | None], list[float]] | None = None,
+    side_by_side: tuple[list[str | None], list[float], str] | None = None,
 ) -> None:
     """Write the profile from rank 0's facts and rows (`extras[0]`, its hook's `finish()`), with
     the harness's own step times and peak memory for every rank; the steady steps rank 0
@@ -39,8 +40,9 @@ def write_from_parent(
         step_times_s: every rank's steps of the profiled model, in its order (`[rank][step]`).
         peak_memory_bytes: every rank's peak memory.
         side_by_side: in a side-by-side job, its plans (this one included: manifest
-            `side_by_side_plans`; the peak memory is then the whole job's) and this plan's
-            timed turns, which become `steady_step_s`; None: a plain job.
+            `side_by_side_plans`; the peak memory is then the whole job's), this plan's
+            timed turns, which become `steady_step_s`, and the job's id (`side_by_side_job`,
+            the same in every profile of the job); None: a plain job.
     Raises:
         OSError: a file cannot be written (UnwritablePathError included).
     """
@@ -51,7 +53,7 @@ def write_from_parent(
     facts.step_times_s = step_times_s
     first, n = facts.warmup + len(facts.profiled_steps), len(facts.steady_step_s)
     if side_by_side is not None:
-        facts.side_by_side_plans, facts.steady_step_s = side_by_side
+        facts.side_by_side_plans, facts.steady_step_s, facts.side_by_side_job = side_by_side
     elif all(len(t) >= first + n for t in step_times_s):
         facts.steady_step_s = [max(t[i] for t in step_times_s) for i in range(first, first + n)]
     facts.peak_memory_bytes = peak_memory_bytes
@@ -109,6 +111,7 @@ def profile_side_by_side(
         ),
     )
     measured = run_side_by_side(job)
+    job_id = uuid.uuid4().hex  # one per job: profiles of separate jobs ran at their own speed
     errors: list[str] = []
     for c, out in enumerate(out_dirs):
         if out is None or not write:
@@ -125,7 +128,7 @@ def profile_side_by_side(
                 extras,
                 measured.rank_steps_s[c],
                 measured.peak_memory_bytes,
-                (job.contenders, turns),
+                (job.contenders, turns, job_id),
             )
         except OSError as e:
             errors.append(f"writing {out}: {e}")

@@ -1,0 +1,96 @@
+"""Level the speeds of separate jobs before their profiles are fitted together.
+
+Profiles of one side-by-side job are timed at that job's speed; a separate job of the same plans
+on a shared host can run up to 2× slower or faster as a whole (where its threads landed, what
+else ran). Fitted together unlevelled, such jobs tell the fit a plan is slow that only ran in a
+slow job. A plan profiled in two jobs measures their ratio: each job's *level* is its steps ÷
+the same steps in the first profile's job, carried from job to job through the plans they share
+(`tune` profiles the baseline in every job for this). A job that shares no plan with the first's
+keeps level 1: it is fitted as measured, and `JobLevel.linked` says so.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from sparselift.analysis.evidence import ProfileEvidence, slowed
+
+PLAN_KEYS = ("sharding", "splits", "comm_precision", "pipeline")  # the manifest's plan in force
+
+
+@dataclass(frozen=True)
+class JobLevel:
+    """One profile's job, and that job's speed against the first profile's.
+
+    Attributes:
+        profile: the profile directory.
+        job: its job (the manifest's `side_by_side_job`, else the profile itself).
+        level: its job's steps ÷ the same steps in the first profile's job (1.0 there).
+        linked: whether a shared plan measured the level (False: 1.0 is assumed).
+        via: the plan profiles the level was measured from, "A / B" per link (empty at 1.0).
+    """
+
+    profile: str
+    job: str
+    level: float
+    linked: bool
+    via: tuple[str, ...] = ()
+
+
+def job_of(ev: ProfileEvidence) -> str:
+    """The job `ev` ran in: its side-by-side job's id, else the profile directory."""
+    return str(ev.manifest.get("side_by_side_job") or ev.profile)
+
+
+def plan_of(ev: ProfileEvidence) -> str:
+    """What identifies the plan `ev` trained with (its manifest's sharding, splits, precision
+    and pipeline), as one comparable string."""
+    return json.dumps([ev.manifest.get(k) for k in PLAN_KEYS], sort_keys=True)
+
+
+def job_levels(evidence: list[ProfileEvidence]) -> list[JobLevel]:
+    """Each profile's job level (see the module's docstring), in `evidence`'s order.
+
+    Two jobs that profiled the same plan are linked by the median, over the plans they share,
+    of that plan's target step in one ÷ in the other; levels multiply along links, breadth
+    first from the first profile's job.
+    """
+    jobs = [job_of(ev) for ev in evidence]
+    # (job, plan) → its profile: a plan profiled twice in one job keeps the first
+    seen: dict[tuple[str, str], ProfileEvidence] = {}
+    for job, ev in zip(jobs, evidence, strict=True):
+        seen.setdefault((job, plan_of(ev)), ev)
+    links: dict[str, dict[str, tuple[float, tuple[str, ...]]]] = {j: {} for j in jobs}
+    for a in dict.fromkeys(jobs):
+        for b in dict.fromkeys(jobs):
+            shared = [
+                (seen[(a, p)], seen[(b, p)])
+                for (j, p) in seen
+                if j == a and a != b and (b, p) in seen
+            ]
+            if shared:
+                ratio = statistics.median(y.target_s / x.target_s for x, y in shared)
+                links[a][b] = (ratio, tuple(f"{x.profile} / {y.profile}" for x, y in shared))
+    level: dict[str, tuple[float, tuple[str, ...]]] = {jobs[0]: (1.0, ())}
+    queue = deque([jobs[0]])
+    while queue:
+        a = queue.popleft()
+        for b, (ratio, via) in links[a].items():
+            if b not in level:
+                level[b] = (level[a][0] * ratio, level[a][1] + via)
+                queue.append(b)
+    return [
+        JobLevel(ev.profile, j, level.get(j, (1.0, ()))[0], j in level, level.get(j, (1.0, ()))[1])
+        for j, ev in zip(jobs, evidence, strict=True)
+    ]
+
+
+def levelled(evidence: list[ProfileEvidence], levels: list[JobLevel]) -> list[ProfileEvidence]:
+    """`evidence` at the first profile's job's speed: each profile's durations ÷ its level."""
+    return [
+        ev if lv.level == 1.0 else slowed(ev, 1.0 / lv.level)
+        for ev, lv in zip(evidence, levels, strict=True)
+    ]
