@@ -155,7 +155,7 @@ def calibration_set(torchrec: Path, d: Path) -> tuple[list[Path], list[Path]]:
     and with its largest table row-wise, as `tune` profiles its baseline; written into `d`) and
     their profile directories in `d`."""
     d.mkdir(parents=True, exist_ok=True)
-    variants = calibration_plans(str(torchrec), d, baseline=True)
+    variants = calibration_plans(str(torchrec), d, baseline=str(torchrec))
     return [Path(p) for p, _ in variants], [d / f"calib{suffix}" for _, suffix in variants]
 
 

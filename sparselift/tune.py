@@ -70,6 +70,8 @@ class Iteration:
             beside the plan).
         held_out: the joint calibration's leave-one-out checks after this profile
             (`calibration.HeldOut` as JSON; [] while there is one base profile).
+        levelled_step_s: `measured_step_s` at the speed of the job the prediction was made
+            in: × the baseline's step there ÷ its step beside this plan (None for the first).
     """
 
     plan: str
@@ -79,6 +81,7 @@ class Iteration:
     next_plan: str
     baseline_step_s: float
     held_out: list[dict[str, Any]] = field(default_factory=list)
+    levelled_step_s: float | None = None
 
 
 @dataclass
@@ -315,10 +318,19 @@ def tune(
         measured = steady_steps(own).median_s
         base_step = steady_steps(prof if i == 0 else f"{prof}-baseline").median_s
         held = json.loads(Path(prof, "calibration.json").read_text()).get("held_out", [])
-        result.iterations.append(Iteration(plan, own, predicted, measured, nxt, base_step, held))
+        there = result.iterations[-1].baseline_step_s if result.iterations else None
+        levelled = None if there is None else measured * there / base_step
+        result.iterations.append(
+            Iteration(plan, own, predicted, measured, nxt, base_step, held, levelled)
+        )
         pred = "—" if predicted is None else f"{predicted * 1e3:.2f} ms"
         loo = ", ".join(f"{Path(h['profile']).name} {h['error']:+.1%}" for h in held)
-        beside = f"; the baseline {base_step * 1e3:.2f} ms beside it" if i else ""
+        beside = (
+            ""
+            if there is None or levelled is None
+            else f", {levelled * 1e3:.2f} ms at the speed of the job it was predicted from (the "
+            f"baseline {base_step * 1e3:.2f} ms beside it, {there * 1e3:.2f} ms there)"
+        )
         echo(
             f"tune: iteration {i}: {Path(plan).name} predicted {pred}, measured "
             f"{measured * 1e3:.2f} ms (steady steps){beside}"

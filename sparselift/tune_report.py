@@ -18,17 +18,23 @@ from sparselift.tune import TuneResult
 
 
 def iteration_table(result: TuneResult) -> pd.DataFrame:
-    """One row per profiled plan: predicted and measured step (ms), and the prediction's error."""
+    """One row per profiled plan: predicted and measured step (ms), the baseline's beside it,
+    the measured step at the speed of the job the prediction was made in (`levelled_step_s`),
+    and the prediction's error against that."""
     rows = []
     for i, it in enumerate(result.iterations):
-        pred = it.predicted_step_s
+        pred, levelled = it.predicted_step_s, it.levelled_step_s
         rows.append(
             {
                 "iteration": i,
                 "plan": Path(it.plan).name,
                 "predicted ms": None if pred is None else round(pred * 1e3, 3),
                 "measured ms": round(it.measured_step_s * 1e3, 3),
-                "error": None if pred is None else f"{pred / it.measured_step_s - 1:+.1%}",
+                "baseline beside ms": round(it.baseline_step_s * 1e3, 3),
+                "levelled ms": None if levelled is None else round(levelled * 1e3, 3),
+                "error": None
+                if pred is None or levelled is None
+                else f"{pred / levelled - 1:+.1%}",
                 "next plan": Path(it.next_plan).name,
             }
         )
