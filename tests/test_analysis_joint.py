@@ -103,6 +103,12 @@ def test_separate_jobs_are_levelled_by_the_plan_both_profiled():
     assert [lv.level for lv in levels[:3]] == pytest.approx([1.0, 1.0, 1 / 1.6])
     assert levels[2].linked and levels[2].via == ("tw / tw",)
     assert levels[3].level == 1.0 and not levels[3].linked  # job C shares no plan
+    # written before jobs had ids, a side-by-side job is known by its plans
+    old = [dataclasses.replace(ev, manifest={**ev.manifest}) for ev in evidence[:3]]
+    for ev, plans in zip(old, (["rw", "tw"], ["rw", "tw"], ["tw"]), strict=True):
+        del ev.manifest["side_by_side_job"]
+        ev.manifest["side_by_side_plans"] = plans
+    assert [lv.level for lv in job_levels(old)] == pytest.approx([1.0, 1.0, 1 / 1.6])
     # fitted at one speed, the truth comes back; as measured, the slow job skews it
     cal = fit_evidence(levelled(evidence[:3], levels[:3]))
     assert cal.ops["lookup_fwd"].b_s == pytest.approx(B_S * 1.6, rel=0.05)

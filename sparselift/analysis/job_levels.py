@@ -27,7 +27,7 @@ class JobLevel:
 
     Attributes:
         profile: the profile directory.
-        job: its job (the manifest's `side_by_side_job`, else the profile itself).
+        job: its job (`job_of`).
         level: its job's steps ÷ the same steps in the first profile's job (1.0 there).
         linked: whether a shared plan measured the level (False: 1.0 is assumed).
         via: the plan profiles the level was measured from, "A / B" per link (empty at 1.0).
@@ -41,8 +41,13 @@ class JobLevel:
 
 
 def job_of(ev: ProfileEvidence) -> str:
-    """The job `ev` ran in: its side-by-side job's id, else the profile directory."""
-    return str(ev.manifest.get("side_by_side_job") or ev.profile)
+    """The job `ev` ran in: its side-by-side job's id; for a side-by-side profile written before
+    jobs had ids, its job's plans; else (a job of its own) the profile directory."""
+    m = ev.manifest
+    if m.get("side_by_side_job"):
+        return str(m["side_by_side_job"])
+    plans = m.get("side_by_side_plans")
+    return json.dumps(plans) if plans else ev.profile
 
 
 def plan_of(ev: ProfileEvidence) -> str:
