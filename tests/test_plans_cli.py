@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from plans_helpers import doc, mixed, round_robin, write
 
 from sparselift import plans
 from sparselift.cli import main
+from sparselift.plans.types import CommPrecision
 
 
 @pytest.fixture
@@ -38,6 +41,19 @@ def test_diff(tmp_path, rr, capsys):
     out = capsys.readouterr().out
     assert "table t0: table_wise -> data_parallel; kernel fused -> dense" in out
     assert "table t3: table_wise -> column_wise; rank 1 -> r1:cols 0-16, r0:cols 16-32" in out
+    # plan-wide fields, one line each, by name
+    base = mixed()
+    other = dataclasses.replace(
+        base,
+        topology=dataclasses.replace(base.topology, preset="h100x8"),
+        comm_precision=CommPrecision("fp16", base.comm_precision.backward),
+    )
+    plans.save(other, m)
+    plans.save(base, tmp_path / "m0.json")
+    assert main(["plan", "diff", str(tmp_path / "m0.json"), str(m)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"topology: preset {base.topology.preset} -> h100x8" in lines
+    assert f"comm_precision: forward {base.comm_precision.forward} -> fp16" in lines
 
 
 def test_round_robin_and_from_torchrec_write_valid_plans(tmp_path, capsys):

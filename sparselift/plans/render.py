@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from sparselift.plans.plan import Plan
 from sparselift.plans.types import Split, TablePlan
 
@@ -235,14 +237,17 @@ def evidence_lines(plan: Plan) -> list[str]:
 def diff(a: Plan, b: Plan) -> list[str]:
     """One line per difference between plan `a` and plan `b`; [] if they shard identically."""
     out = []
-    plan_wide: list[tuple[str, object, object]] = [
+    for what, value_a, value_b in (
         ("topology", a.topology, b.topology),
-        ("pipeline", a.pipeline, b.pipeline),
         ("comm_precision", a.comm_precision, b.comm_precision),
-    ]
-    for what, value_a, value_b in plan_wide:
-        if value_a != value_b:
-            out.append(f"{what}: {value_a} -> {value_b}")
+    ):  # field by field: a dataclass's repr is not a line to read
+        out += [
+            f"{what}: {f.name} {getattr(value_a, f.name)} -> {getattr(value_b, f.name)}"
+            for f in dataclasses.fields(value_a)
+            if getattr(value_a, f.name) != getattr(value_b, f.name)
+        ]
+    if a.pipeline != b.pipeline:
+        out.append(f"pipeline: {a.pipeline} -> {b.pipeline}")
     model_a, model_b = {t.name: t for t in a.model}, {t.name: t for t in b.model}
     for name in model_a:
         if name not in model_b:
