@@ -7,8 +7,10 @@ bench` job per workload.
     python benchmarks/bench_rewrites.py --show out.json      # the table of an earlier run
     python benchmarks/bench_rewrites.py split --base P --profile DIR --coverage 0.5 --out S
 
-Per workload (multihot-26 and criteo-kaggle at --max-rows 200000, and
-benchmarks/workloads/skewed-multihot.json): profile TorchRec's plan, build the plans, measure them
+Per workload (multihot-26 and criteo-kaggle at --max-rows 200000,
+benchmarks/workloads/skewed-multihot.json, and benchmarks/workloads/one-heavy-table.json
+uncapped): profile TorchRec's plan as `tune` does (under each pipeline, at 16 bits and with a
+table row-wise, side by side: `tune.calibration_plans`), build the plans, measure them
 side by side, then print steps/s and the ratio over TorchRec's plan, over round-robin and over the
 no-rewrite plan, each with its per-round range (round r of a plan over round r of the other).
 Beside them: the batch transform's cost as a share of the measured step (`Plan.transform_batch`
@@ -41,11 +43,18 @@ from sparselift.errors import UserError
 from sparselift.plans import Plan, Split, TablePlan
 from sparselift.plans.splits import part_names
 from sparselift.profiler.hot_ids import HOT_IDS_CAP, HotIds, read_hot_ids
+from sparselift.tune import calibration_plans
 
 HERE = Path(__file__).resolve().parent
 CLI = [sys.executable, "-m", "sparselift.cli"]
 SKEWED = HERE / "workloads" / "skewed-multihot.json"
-WORKLOADS = [("multihot-26", 200_000), ("criteo-kaggle", 200_000), (str(SKEWED), 200_000)]
+ONE_HEAVY = HERE / "workloads" / "one-heavy-table.json"
+WORKLOADS = [
+    ("multihot-26", 200_000),
+    ("criteo-kaggle", 200_000),
+    (str(SKEWED), 200_000),
+    (str(ONE_HEAVY), 400_000),  # its largest table: uncapped, as `make demo` runs it
+]
 COVERAGE = 0.5  # the hand-made rewrite's hot share (why: benchmarks/README.md, lab notes)
 TRANSFORM_BATCHES = 20  # batches the transform is timed on
 
@@ -226,16 +235,34 @@ def make_plans(workload: str, rows: int, nproc: int, out: Path) -> tuple[dict[st
     Returns:
         {label: plan file} in bench order (TorchRec's first) and how the rewrite plan was made.
     """
-    prof = out / "prof_tr"
     common = ["--workload", workload, "--max-rows", str(rows)]
-    sh("profile", *common, "--nproc", str(nproc), "--out", str(prof), "--force")
-    sh("analyze", str(prof))
     labels = ("torchrec", "round-robin", "no-rewrite", "rewrite", "hand-split")
     files = {k: out / f"{k}.json" for k in labels}
     topo = ["--world-size", str(nproc)]
     sh("plan", "from-torchrec", *common, *topo, "--out", str(files["torchrec"]))
     sh("plan", "round-robin", *common, *topo, "--out", str(files["round-robin"]))
-    opt = ["optimize", "--profile", str(prof)]
+    # calibrated as `tune` starts: TorchRec's plan under each pipeline, at 16 bits and with a
+    # table row-wise, side by side in one job, fitted together
+    variants = calibration_plans(str(files["torchrec"]), out, str(files["torchrec"]))
+    dirs = [str(out / f"prof_tr{suffix}") for _, suffix in variants]
+    also = [
+        x for (plan, _), d in zip(variants[1:], dirs[1:], strict=True) for x in ("--also", plan, d)
+    ]
+    sh(
+        "profile",
+        *common,
+        "--nproc",
+        str(nproc),
+        "--plan",
+        variants[0][0],
+        "--out",
+        dirs[0],
+        *also,
+        "--force",
+    )
+    sh("analyze", *dirs)
+    prof = Path(dirs[0])
+    opt = ["optimize", *(x for d in dirs for x in ("--profile", d))]
     hand = f"hot_cold_plan at coverage {COVERAGE} over the no-rewrite plan"
     if optimize_accepts_splits():
         sh(*opt, "--splits", "off", "--out", str(files["no-rewrite"]))
@@ -249,6 +276,23 @@ def make_plans(workload: str, rows: int, nproc: int, out: Path) -> tuple[dict[st
     split = hot_cold_plan(plans.load(files["no-rewrite"]), read_hot_ids(prof), COVERAGE)
     plans.save(split, files["hand-split" if "hand-split" in files else "rewrite"])
     return files, how
+
+
+def balance_bound(profile: Path) -> float:
+    """The most any plan that keeps the model's lookup and dense work could gain over the
+    profiled plan, by its profile (`summary.parquet`): per step, the step ÷ the step with every
+    rank's sparse compute at the ranks' mean and no communication exposed on the fastest-
+    communicating rank; the median over steps. Why: a rewrite moves lookups and collectives;
+    it does not remove lookups or dense compute, so this bounds what it can show."""
+    import pandas as pd
+
+    s = pd.read_parquet(profile / "summary.parquet")
+    by = s.groupby("step")
+    step = by["step_s"].max()
+    saved = (
+        by["sparse_compute_s"].max() - by["sparse_compute_s"].mean() + by["exposed_comm_s"].min()
+    )
+    return float((step / (step - saved)).median())
 
 
 def sharding_key(plan: Plan) -> str:
@@ -281,6 +325,7 @@ def measure(
     by_file = {c["plan"]: c for c in json.loads(bench_json.read_text())["contenders"]}
     sps = {k: by_file[str(f)]["steps_per_s"] for k, f in files.items()}
     res: dict[str, Any] = {"workload": Path(workload).stem, "max_rows": rows, "rewrite_how": how}
+    res["balance_bound"] = balance_bound(out / "prof_tr")
     res["plans"] = {}
     first: dict[str, str] = {}  # sharding → the first contender that runs it
     for k, f in files.items():
@@ -315,6 +360,11 @@ def table(results: list[dict[str, Any]]) -> str:
         lines += [
             f"{res['workload']} (--max-rows {res['max_rows']}); rewrite: {res['rewrite_how']}"
         ]
+        if "balance_bound" in res:
+            lines.append(
+                f"  bound over TorchRec's plan by its profile (every rank at the mean sparse "
+                f"compute, no communication exposed): {res['balance_bound']:.3f}x"
+            )
         lines.append(
             f"  {'plan':12s} {'splits':>6s} {'steps/s':>8s}  {'/torchrec':19s} "
             f"{'/round-robin':19s} {'/no-rewrite':19s} {'xform ms':>8s} {'share':>6s} "

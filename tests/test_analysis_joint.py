@@ -16,7 +16,7 @@ import pytest
 from sparselift.analysis.evidence import ProfileEvidence, slowed
 from sparselift.analysis.fit import fit_evidence
 from sparselift.analysis.job_levels import job_levels, levelled
-from sparselift.analysis.joint import fit_jointly
+from sparselift.analysis.joint import JointFit, fit_jointly, held_out_lines
 from sparselift.analysis.pipeline import analyze
 from sparselift.analysis.samples import SAMPLE_COLUMNS
 from sparselift.calibration import Calibration
@@ -116,6 +116,13 @@ def test_separate_jobs_are_levelled_by_the_plan_both_profiled():
     assert cal.ops["input_dist"].a_s == pytest.approx(DIST_A * 1.6, rel=0.05)
     raw = fit_evidence(evidence[:3])
     assert raw.ops["input_dist"].a_s != pytest.approx(DIST_A * 1.6, rel=0.1)
+    # what `analyze` prints: a line a levelled job, one for those it could not level
+    joint = JointFit(cal, tuple(ev.profile for ev in evidence), None, tuple(levels))
+    lines = held_out_lines(joint)
+    assert "  the job of tw ran at 0.625× the steps of rw's (measured on tw / tw)" in lines[1]
+    assert lines[2] == (
+        "  not levelled (their jobs share no plan with rw's, fitted as measured): lone"
+    )
 
 
 def test_each_fixture_profile_is_predicted_by_the_fit_on_the_other():

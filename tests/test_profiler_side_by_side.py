@@ -30,9 +30,11 @@ def test_profile_also_writes_one_profile_per_plan_from_one_job(tmp_path):
 
     # each plan: its warm-up with its window inside, then per round an untimed step and its turn
     per_plan = WARMUP + STEPS + ROUNDS * (1 + STEADY // ROUNDS)
+    jobs = set()
     for d, precision in [(a, "fp32"), (b, "fp16")]:
         m = json.loads((d / "manifest.json").read_text())
         assert m["side_by_side_plans"] == [str(rr), str(half)]
+        jobs.add(m["side_by_side_job"])
         assert m["comm_precision"] == {"forward": precision, "backward": precision}
         assert m["profiled_steps"] == list(range(WARMUP, WARMUP + STEPS))
         assert [len(t) for t in m["step_times_s"]] == [per_plan, per_plan]
@@ -42,6 +44,7 @@ def test_profile_also_writes_one_profile_per_plan_from_one_job(tmp_path):
             "rank1.trace.json.gz",
         ]
         assert "--also" in m["command"]
+    assert len(jobs) == 1 and all(isinstance(j, str) and j for j in jobs)  # one job, named
     assert main(["analyze", str(a), str(b)]) == 0
     assert (a / "calibration.json").exists()
 

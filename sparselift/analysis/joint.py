@@ -181,12 +181,13 @@ def held_out_lines(joint: JointFit) -> list[str]:
     lines = [f"calibrated on {len(joint.base)} profiles together: {', '.join(joint.base)}"]
     first = joint.levels[0].job if joint.levels else None
     others = [lv for lv in joint.levels if lv.job != first]
-    for lv in others:
-        if lv.linked:
-            lines.append(
-                f"  {lv.profile}'s job ran at {lv.level:.3f}× the steps of {joint.base[0]}'s "
-                f"(measured on {', '.join(lv.via)}): its steps are fitted ÷ {lv.level:.3f}"
-            )
+    for job in dict.fromkeys(lv.job for lv in others if lv.linked):  # a line a job
+        of = [lv for lv in others if lv.job == job]
+        lines.append(
+            f"  the job of {', '.join(lv.profile for lv in of)} ran at {of[0].level:.3f}× the "
+            f"steps of {joint.base[0]}'s (measured on {', '.join(of[0].via)}): its steps are "
+            f"fitted ÷ {of[0].level:.3f}"
+        )
     alone = [lv.profile for lv in others if not lv.linked]
     if alone:
         lines.append(
