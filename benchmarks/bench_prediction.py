@@ -12,7 +12,8 @@ Per workload (tiny, multihot-26 and criteo-kaggle, rows capped), on 2 CPU ranks:
 3. `--repeats` passes. `--measure side-by-side` (the default): pass r is one job that profiles
    the calibration set again and measures the six plans side by side with it
    (`profiler.from_ranks.profile_side_by_side`: `--turns` rounds in which each of the ten
-   plans takes a turn; the calibration profiles' steady steps are their turns). `--measure
+   plans takes a turn; the calibration profiles' steady steps are their turns; the six plans
+   built in an order rotated a place per pass). `--measure
    separate`: pass r calibrates in a job of its own (pass 0: step 1's) and then profiles each
    plan in its own job, timing steady steps after its window, in an order rotated by one slot
    per pass. Each plan
@@ -179,12 +180,16 @@ def calibrate(torchrec: Path, d: Path, common: list[str], args: argparse.Namespa
 
 
 def calibrate_and_measure(
-    named: dict[str, Path], d: Path, workload: str, args: argparse.Namespace
+    named: dict[str, Path], d: Path, workload: str, args: argparse.Namespace, shift: int = 0
 ) -> tuple[Calibrated, dict[str, float]]:
     """One job: the calibration set profiled, and the plans of `named` measured side by side
-    with it (`--turns` rounds); the calibration, and each plan's median timed step."""
+    with it (`--turns` rounds); the calibration, and each plan's median timed step. `shift`
+    rotates the order the plans are built in (pass r: r places): two models of the same plan
+    in one job measure apart by where each one's memory landed, and a plan always built in
+    the same place would carry its place's offset into every pass."""
     plan_files, dirs = calibration_set(named["torchrec"], d)
     names = list(named)
+    names = names[shift % len(names) :] + names[: shift % len(names)]
     measured, errors = profile_side_by_side(
         TrainConfig(
             workload=workload,
@@ -246,7 +251,7 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path) -> list[di
     names = list(named)
     for r in range(args.repeats):
         if args.measure == "side-by-side":
-            c, medians = calibrate_and_measure(named, work / f"job{r}", workload, args)
+            c, medians = calibrate_and_measure(named, work / f"job{r}", workload, args, r)
             for name in names:
                 meas[name].append(medians[name])
         else:
