@@ -4,7 +4,8 @@ the working tree's, timed interleaved on the same batches.
     .venv/bin/python benchmarks/bench_transform.py [--batches 20] [--rounds 5] [--rev b52468b]
 
 Per workload (multihot-26, criteo-kaggle and benchmarks/workloads/skewed-multihot.json, ids
-hashed into 200,000 rows as `bench_rewrites.py` runs them): rank 0's synthetic batches, as
+hashed into 200,000 rows, and benchmarks/workloads/one-heavy-table.json into 400,000, as
+`bench_rewrites.py` runs them): rank 0's synthetic batches, as
 `bench_rewrites.transform_s` draws them, through two plans' transforms: a hot/cold split of every
 table whose hottest ids (counted on other batches of the same workload, seed 1) cover 50 % of
 its lookups with at most 65,536 ids, as `bench_rewrites.hot_cold_plan` splits; and every table
@@ -14,8 +15,8 @@ which goes first), their outputs are checked equal tensor for tensor, and the me
 each is printed with old/new and the share of a measured step (`STEP_MS`).
 
 The old transform is `git show REV:sparselift/plans/transform.py` (by default the last
-per-feature transform, `PER_FEATURE_REV`), imported as a module of its own; the new one is the
-package's.
+per-feature transform, `PER_FEATURE_REV`) with that revision's `routing.py`, imported as modules
+of their own; the new one is the package's.
 """
 
 from __future__ import annotations
@@ -42,27 +43,54 @@ from sparselift.workloads.spec import load_workload
 
 HERE = Path(__file__).resolve().parent
 SKEWED = HERE / "workloads" / "skewed-multihot.json"
-WORKLOADS = [("multihot-26", 200_000), ("criteo-kaggle", 200_000), (str(SKEWED), 200_000)]
+ONE_HEAVY = HERE / "workloads" / "one-heavy-table.json"
+WORKLOADS = [
+    ("multihot-26", 200_000),
+    ("criteo-kaggle", 200_000),
+    (str(SKEWED), 200_000),
+    (str(ONE_HEAVY), 400_000),
+]
 COVERAGE = 0.5
 PER_FEATURE_REV = "b52468b"  # the last commit whose transform routed feature by feature
 # The measured step (ms) of each workload on the 2-core VM, 2 gloo ranks, TorchRec's plan
 # (benchmarks/README.md): multihot-26 84.44 / 83.99 (bench_prediction, 2026-12-01);
 # criteo-kaggle 302-323 (bench_prediction, six plans), the low end; skewed-multihot 8.24-9.91
-# steps/s (bench_rewrites, 2026-12-01), the middle 8.83. Split plans step slower, so the share
-# of their own step is lower still.
-STEP_MS = {"multihot-26": 84.2, "criteo-kaggle": 302.0, "skewed-multihot": 113.0}
+# steps/s (bench_rewrites, 2026-12-01), the middle 8.83; one-heavy-table: its split plan's
+# 84.5 ms (bench_rewrites, 2026-12-03; TorchRec's plan 105.0). Split plans step slower, so the
+# share of their own step is lower still.
+STEP_MS = {
+    "multihot-26": 84.2,
+    "criteo-kaggle": 302.0,
+    "skewed-multihot": 113.0,
+    "one-heavy-table": 84.5,
+}
 
 
 def old_transform_module(rev: str) -> Any:
-    """The module `sparselift/plans/transform.py` at git revision `rev`."""
-    root = HERE.parent
-    src = subprocess.run(
-        ["git", "show", f"{rev}:sparselift/plans/transform.py"],
-        cwd=root, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    path = Path(tempfile.mkdtemp()) / "transform_old.py"
+    """The module `sparselift/plans/transform.py` at git revision `rev`, with the routing module
+    of that revision where it had one (imported as `routing_old`)."""
+    if _source(rev, "routing") is not None:
+        _module("routing_old", _source(rev, "routing") or "")
+    src = (_source(rev, "transform") or "").replace(
+        "from sparselift.plans.routing import", "from routing_old import"
+    )
+    return _module("transform_old", src)
+
+
+def _source(rev: str, name: str) -> str | None:
+    """`sparselift/plans/NAME.py` at git revision `rev`; None where it had no such file."""
+    r = subprocess.run(
+        ["git", "show", f"{rev}:sparselift/plans/{name}.py"],
+        cwd=HERE.parent, capture_output=True, text=True,
+    )  # fmt: skip
+    return r.stdout if r.returncode == 0 else None
+
+
+def _module(name: str, src: str) -> Any:
+    """`src` imported as module `name`."""
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(src)
-    spec = importlib.util.spec_from_file_location("transform_old", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there

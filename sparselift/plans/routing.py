@@ -1,14 +1,16 @@
 """The routing of split features' ids to their parts, for `transform.BatchTransform`.
 
-The split features are routed in at most four groups (hot/cold by lookup table, hot/cold by
-binary search, row ranges in 2 parts, in more; column slices are only checked), each with a
-fixed number of vectorized ops over all of its ids, so that the cost of a batch does not grow
-with the number of split features: one range check (the ids' minimum and each feature's maximum,
-one foreach op), one lookup that turns every id into a code (n_parts × its row in its part + its
-part) in one table that holds all of the group's tables at their own offsets, and one FBGEMM
-bucketize of the codes, which splits the ids by part, keeps each bag's order and counts each
-bag's ids per part. A hot/cold group by lookup table instead gathers each feature's ids from its
-own table's rows (`looked_up`): one small op a feature, which also checks the range.
+The split features are routed in at most four groups (by lookup table: hot/cold and row ranges
+of tables up to `LOOKUP_TABLE_MAX_ROWS` rows; beyond: hot/cold by binary search, row ranges in 2
+parts, in more; column slices are only checked), each with a fixed number of vectorized ops over
+all of its ids, so that the cost of a batch does not grow with the number of split features.
+Every id becomes a code, n_parts × its row in its part + its part, and one FBGEMM bucketize of
+the codes splits the ids by part, keeps each bag's order and counts each bag's ids per part.
+A lookup-table group gathers each feature's codes from its own table's rows of one table of
+every row (`looked_up`): one small op a feature, which also checks the range, and 32-bit codes,
+which bucketize divides several times faster than 64-bit ones. The other groups check the range
+(the ids' minimum and each feature's maximum, one foreach op) and compute the codes
+(`id_codes`) from per-id parameters.
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ import torch
 
 from sparselift.plans.types import Split, TableFingerprint
 
-# Up to this many rows a hot/cold split looks ids up in a table of every row (int32 codes, 4
-# bytes a row: the table is gathered at random, so its size is what the lookup costs; one per
-# table, not per feature); beyond, in the sorted hot ids (a binary search per id).
+# Up to this many rows a hot/cold or row-range split looks ids up in a table of every row (int32
+# codes, 4 bytes a row: the table is gathered at random, so its size is what the lookup costs;
+# one per table, not per feature); beyond, a hot/cold split searches the sorted hot ids (a
+# binary search per id) and a row-range split compares with its boundaries.
 LOOKUP_TABLE_MAX_ROWS = 1 << 21
 
-HOT_TABLE, HOT_SEARCH, RANGES_2, RANGES_N, COLUMNS = (
-    "hot_table", "hot_search", "ranges_2", "ranges_n", "columns"
+INT32_CODES = (1 << 31) - 1  # the largest code of a lookup table kept in 32 bits
+
+LOOKUP, HOT_SEARCH, RANGES_2, RANGES_N, COLUMNS = (
+    "lookup", "hot_search", "ranges_2", "ranges_n", "columns"
 )  # fmt: skip
-ROUTED = (HOT_TABLE, HOT_SEARCH, RANGES_2, RANGES_N)  # the groups with streams of their own
+ROUTED = (LOOKUP, HOT_SEARCH, RANGES_2, RANGES_N)  # the groups with streams of their own
 
 
 @dataclasses.dataclass
@@ -52,7 +57,7 @@ class Group:
 class Tables:
     """Every split table's routing data in one tensor per group kind, on one device."""
 
-    lut: torch.Tensor  # HOT_TABLE: each row of each table (at its offset) as its code (int32)
+    lut: torch.Tensor  # LOOKUP: each row of each table (at its offset) as its code
     hot_keys: torch.Tensor  # HOT_SEARCH: offset + hot id of every hot id, sorted
     hot_rows: torch.Tensor  # … and the hot row of each
     starts: torch.Tensor  # RANGES_N: offset + first row of every range, sorted
@@ -108,7 +113,7 @@ def any_outside(ids: torch.Tensor, sizes: list[int], rows1: list[int]) -> bool:
 
 
 def looked_up(g: Group, lut: torch.Tensor, feature_ids: list[torch.Tensor]) -> torch.Tensor | None:
-    """HOT_TABLE: each id's code (`id_codes`), the ids of each of `g.features` looked up in its
+    """LOOKUP: each id's code (`id_codes`), the ids of each of `g.features` looked up in its
     own table's rows of `lut`; None when an id lies outside its table.
 
     One gather a feature straight into the output: on the CPU the gather checks each index
@@ -129,7 +134,7 @@ def looked_up(g: Group, lut: torch.Tensor, feature_ids: list[torch.Tensor]) -> t
 
 def id_codes(g: Group, tables: Tables, ids: torch.Tensor, per_id: torch.Tensor) -> torch.Tensor:
     """Each id as n_parts * (its row in its part) + its part (`per_id`: its `Group.params`
-    entry, reused), for the groups other than HOT_TABLE (`looked_up`)."""
+    entry, reused), for the groups other than LOOKUP (`looked_up`)."""
     if g.kind == RANGES_2:
         upper = ids >= per_id
         return torch.where(upper, per_id.neg_().add_(ids).mul_(2).add_(1), ids.long() * 2)
@@ -149,14 +154,14 @@ def id_codes(g: Group, tables: Tables, ids: torch.Tensor, per_id: torch.Tensor) 
 def bucketed(
     codes: torch.Tensor,
     n_parts: int,
-    dtype: torch.dtype,
     lens: torch.Tensor,
     wts: torch.Tensor | None,
     n_features: int,
     stride: int,
 ) -> Stream:
     """The ids of `codes` part by part, each part feature by feature, bags in order: FBGEMM's
-    bucketize (bucket = code % n_parts, id = code // n_parts) keeps each bag's order."""
+    bucketize (bucket = code % n_parts, id = code // n_parts) keeps each bag's order. The ids
+    keep the codes' dtype (the output's concatenation converts them)."""
     bucketize = torch.ops.fbgemm.bucketize_sparse_features
     lens_c = lens.to(codes.dtype)
     w32 = wts if wts is not None and wts.dtype == torch.float32 else None  # what FBGEMM takes
@@ -168,7 +173,7 @@ def bucketed(
     prefix = [0]
     for n in per_feature:
         prefix.append(prefix[-1] + n)
-    return Stream(new_ids.to(dtype), new_wts, new_lens.to(lens.dtype), prefix)
+    return Stream(new_ids, new_wts, new_lens.to(lens.dtype), prefix)
 
 
 def slices(x: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
@@ -191,64 +196,71 @@ def merge_blocks(blocks: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
 # ------------------------------------------------------------------------ routing tables
 
 
-def layout(
-    model: list[TableFingerprint], splits: dict[str, Split]
-) -> tuple[dict[str, str], dict[str, int], dict[str, int]]:
-    """Per split table: its group kind, its per-id parameter, and its offset in its group's
-    lookup space (tables one after the other, in model order)."""
-    kind: dict[str, str] = {}
-    param: dict[str, int] = {}
-    offset: dict[str, int] = {}
+@dataclasses.dataclass
+class Layout:
+    """Where each split table is routed: per table, its group kind, its per-id parameter (its
+    offset in its group's lookup space, or for RANGES_2 its boundary row) and that offset
+    (tables one after the other, in model order); per group kind, its number of parts (the most
+    of any of its tables: the codes' multiplier)."""
+
+    kind: dict[str, str]
+    param: dict[str, int]
+    offset: dict[str, int]
+    n_parts: dict[str, int]
+
+
+def layout(model: list[TableFingerprint], splits: dict[str, Split]) -> Layout:
+    """The `Layout` of `splits` of `model`'s tables."""
+    out = Layout({}, {}, {}, {})
     space: dict[str, int] = {}
     for t in model:
         s = splits.get(t.name)
         if s is None:
             continue
-        if s.kind == "hot_cold":
-            k = HOT_TABLE if t.num_embeddings <= LOOKUP_TABLE_MAX_ROWS else HOT_SEARCH
-        elif s.kind == "row_ranges":
-            k = RANGES_2 if len(s.parts) == 2 else RANGES_N
-        else:
+        if s.kind == "column_slices":
             k = COLUMNS
-        kind[t.name] = k
-        offset[t.name] = space.get(k, 0)
-        space[k] = offset[t.name] + t.num_embeddings
-        param[t.name] = s.ranges[1][0] if k == RANGES_2 else offset[t.name]
-    return kind, param, offset
+        elif t.num_embeddings <= LOOKUP_TABLE_MAX_ROWS:
+            k = LOOKUP
+        elif s.kind == "hot_cold":
+            k = HOT_SEARCH
+        else:
+            k = RANGES_2 if len(s.parts) == 2 else RANGES_N
+        out.kind[t.name] = k
+        out.offset[t.name] = space.get(k, 0)
+        space[k] = out.offset[t.name] + t.num_embeddings
+        out.param[t.name] = s.ranges[1][0] if k == RANGES_2 else out.offset[t.name]
+        out.n_parts[k] = max(out.n_parts.get(k, 0), len(s.parts))
+    return out
 
 
-def build_tables(
-    model: list[TableFingerprint],
-    splits: dict[str, Split],
-    kind: dict[str, str],
-    offset: dict[str, int],
-) -> Tables:
+def build_tables(model: list[TableFingerprint], splits: dict[str, Split], lay: Layout) -> Tables:
     """The lookup table, sorted hot ids and range starts of every split table (see `Tables`),
-    on the CPU, all int64."""
-    lut_rows = sum(t.num_embeddings for t in model if kind.get(t.name) == HOT_TABLE)
+    on the CPU: the lookup table int32 where its codes fit (int64 otherwise), the rest int64."""
+    n = lay.n_parts.get(LOOKUP, 1)
+    lut_rows = sum(t.num_embeddings for t in model if lay.kind.get(t.name) == LOOKUP)
     lut = torch.empty(lut_rows, dtype=torch.int64)
     keys, rows, starts, part_of = [], [], [], []
     for t in model:
-        k, s = kind.get(t.name), splits.get(t.name)
+        k, s = lay.kind.get(t.name), splits.get(t.name)
         if s is None:
             continue
-        at = offset[t.name]
-        if k in (HOT_TABLE, HOT_SEARCH):
+        at = lay.offset[t.name]
+        if k == LOOKUP:
+            lut[at : at + t.num_embeddings] = lookup_codes(t.num_embeddings, s, n)
+        elif k == HOT_SEARCH:
             hot = torch.tensor(s.hot_ids, dtype=torch.int64)
-            order = torch.arange(len(hot), dtype=torch.int64)
-            if k == HOT_TABLE:
-                codes = torch.arange(t.num_embeddings, dtype=torch.int64) * 2 + 1  # cold
-                codes[hot] = order * 2
-                lut[at : at + t.num_embeddings] = codes
-            else:
-                by_id = torch.argsort(hot)
-                keys.append(hot[by_id] + at)
-                rows.append(order[by_id])
+            by_id = torch.argsort(hot)
+            keys.append(hot[by_id] + at)
+            rows.append(by_id)
         elif k == RANGES_N:
             starts += [at + a for a, _ in s.ranges]
             part_of += list(range(len(s.ranges)))
 
     none = torch.zeros(0, dtype=torch.int64)
+    if n * max((t.num_embeddings for t in model if lay.kind.get(t.name) == LOOKUP), default=0) <= (
+        INT32_CODES
+    ):
+        lut = lut.to(torch.int32)
     return Tables(
         lut=lut,
         hot_keys=torch.cat(keys) if keys else none,
@@ -256,3 +268,18 @@ def build_tables(
         starts=torch.tensor(starts, dtype=torch.int64),
         part_of=torch.tensor(part_of, dtype=torch.int64),
     )
+
+
+def lookup_codes(rows: int, s: Split, n_parts: int) -> torch.Tensor:
+    """Each of a table's `rows` rows as its code under split `s`, with `n_parts` parts a code:
+    hot/cold: a hot id at hot row r is n_parts * r (part 0), any other id n_parts * id + 1;
+    row ranges: a row in range i is n_parts * (row - range i's start) + i."""
+    if s.kind == "hot_cold":
+        codes = torch.arange(rows, dtype=torch.int64) * n_parts + 1  # cold
+        hot = torch.tensor(s.hot_ids, dtype=torch.int64)
+        codes[hot] = torch.arange(len(hot), dtype=torch.int64) * n_parts
+        return codes
+    codes = torch.empty(rows, dtype=torch.int64)
+    for i, (a, b) in enumerate(s.ranges):
+        torch.arange(b - a, dtype=torch.int64, out=codes[a:b]).mul_(n_parts).add_(i)
+    return codes

@@ -11,8 +11,8 @@ order within each bag, so pooling sums the same ids.
 - column_slices: every id goes to every part unchanged.
 
 Its cost must not grow with the number of split features: the ids are routed in a few groups,
-each with a fixed number of vectorized ops over all of its ids (`routing`; a hot/cold group by
-lookup table adds one small gather a feature), and the output is one concatenation of slices,
+each with a fixed number of vectorized ops over all of its ids (`routing`; a lookup-table group
+adds one small gather a feature), and the output is one concatenation of slices,
 in output order.
 """
 
@@ -30,7 +30,7 @@ import torch
 from sparselift.plans.errors import PlanError
 from sparselift.plans.routing import (
     COLUMNS,
-    HOT_TABLE,
+    LOOKUP,
     ROUTED,
     Group,
     Stream,
@@ -74,7 +74,7 @@ class BatchTransform:
         self.model = model
         self.keys = [f for t in sharded_tables(model, splits) for f in t.feature_names]
         self._table_of = {f: t for t in model for f in t.feature_names}
-        self._kind, self._param, self._offsets = layout(model, self.splits)
+        self._layout = layout(model, self.splits)
         self._tables: dict[tuple[str, str, str], Tables] = {}
         self._programs: dict[tuple[str, ...], _Program] = {}
 
@@ -107,14 +107,14 @@ class BatchTransform:
                 wts = slices(weights, [(offsets[x], offsets[y]) for x, y in g.runs])
             g_sizes = [sizes[i] for i in g.features]
             # a CPU gather checks its indices itself (`looked_up`); a CUDA one asserts instead
-            gather_checks = g.kind == HOT_TABLE and values.device.type == "cpu"
+            gather_checks = g.kind == LOOKUP and values.device.type == "cpu"
             if not gather_checks:
                 ids = slices(values, [(offsets[x], offsets[y]) for x, y in g.runs])
                 if any_outside(ids, g_sizes, g.rows1):
                     self._raise_outside(prog, values, offsets)
                 if g.kind == COLUMNS:
                     continue
-            if g.kind == HOT_TABLE:
+            if g.kind == LOOKUP:
                 feature_ids = [values[offsets[i] : offsets[i + 1]] for i in g.features]
                 codes = looked_up(g, tables.lut, feature_ids)
                 if codes is None:
@@ -122,7 +122,7 @@ class BatchTransform:
             else:
                 codes = id_codes(g, tables, ids, per_id(g.params, g_sizes, ids))
             lens = slices(lengths, [(x * stride, y * stride) for x, y in g.runs])
-            stream = bucketed(codes, g.n_parts, values.dtype, lens, wts, len(g_sizes), stride)
+            stream = bucketed(codes, g.n_parts, lens, wts, len(g_sizes), stride)
             streams.append(stream)
         v_out, n_out, w_out = [], [], []
         for s, a, b in prog.blocks:
@@ -133,7 +133,7 @@ class BatchTransform:
                 w_out.append(st.weights[st.prefix[a] : st.prefix[b]])
         return KeyedJaggedTensor(
             keys=self._out_keys(keys),
-            values=torch.cat(v_out) if v_out else values[:0],
+            values=torch.cat(v_out).to(values.dtype) if v_out else values[:0],
             lengths=torch.cat(n_out) if n_out else lengths[:0],
             weights=torch.cat(w_out) if weights is not None and w_out else None,
             stride=stride,
@@ -208,8 +208,8 @@ class BatchTransform:
         by_kind: dict[str, list[int]] = {}
         for i, k in enumerate(keys):
             t = self._table_of.get(k)
-            if t is not None and t.name in self._kind:
-                by_kind.setdefault(self._kind[t.name], []).append(i)
+            if t is not None and t.name in self._layout.kind:
+                by_kind.setdefault(self._layout.kind[t.name], []).append(i)
         groups: list[Group] = []
         stream = 1  # stream 0: the input as it is
         for kind in (*ROUTED, COLUMNS):
@@ -221,9 +221,9 @@ class BatchTransform:
                 kind=kind,
                 features=feats,
                 runs=[(a, b) for _, a, b in merge_blocks([(0, i) for i in feats])],
-                params=[self._param[t.name] for t in tabs],
+                params=[self._layout.param[t.name] for t in tabs],
                 rows1=[t.num_embeddings - 1 for t in tabs],
-                n_parts=max(len(self.splits[t.name].parts) for t in tabs),
+                n_parts=self._layout.n_parts[kind],
                 stream=stream,
             )
             stream += 1 if kind in ROUTED else 0
@@ -256,10 +256,9 @@ class BatchTransform:
         key = (device.type, str(device.index), str(dtype))
         tables = self._tables.get(key)
         if tables is None:
-            tables = build_tables(self.model, self.splits, self._kind, self._offsets)
+            tables = build_tables(self.model, self.splits, self._layout)
             moved = {f.name: getattr(tables, f.name).to(device) for f in dataclasses.fields(tables)}
             tables = Tables(**moved)
-            tables.lut = tables.lut.to(torch.int32)  # codes < 2**22: half the bytes to gather
             self._tables[key] = tables
         return tables
 
