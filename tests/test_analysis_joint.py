@@ -18,7 +18,9 @@ from sparselift.analysis.fit import fit_evidence
 from sparselift.analysis.job_levels import job_levels, levelled
 from sparselift.analysis.joint import JointFit, fit_jointly, held_out_lines
 from sparselift.analysis.pipeline import analyze
+from sparselift.analysis.recombine_fit import RecombineSample
 from sparselift.analysis.samples import SAMPLE_COLUMNS
+from sparselift.analysis.transform_fit import TransformSample
 from sparselift.calibration import Calibration
 from sparselift.cli import main
 from sparselift.kernels import CPU_CALL_S, KERNEL_UNIT
@@ -116,6 +118,18 @@ def test_separate_jobs_are_levelled_by_the_plan_both_profiled():
     assert cal.ops["input_dist"].a_s == pytest.approx(DIST_A * 1.6, rel=0.05)
     raw = fit_evidence(evidence[:3])
     assert raw.ops["input_dist"].a_s != pytest.approx(DIST_A * 1.6, rel=0.1)
+    # the batch transform's and the recombination's timings are levelled alike
+    timed = [
+        dataclasses.replace(
+            ev,
+            transform=[TransformSample(2, 1000, 1e-3 * s)],
+            recombine=[RecombineSample(500, 500, 2e-3 * s)],
+        )
+        for ev, s in zip(evidence, (1.6, 1.6, 1.0, 1.3), strict=True)
+    ]
+    at_b = levelled(timed, levels)
+    assert [ev.transform[0].seconds for ev in at_b] == pytest.approx([1.6e-3] * 3 + [1.3e-3])
+    assert [ev.recombine[0].seconds for ev in at_b] == pytest.approx([3.2e-3] * 3 + [2.6e-3])
     # what `analyze` prints: a line a levelled job, one for those it could not level
     joint = JointFit(cal, tuple(ev.profile for ev in evidence), None, tuple(levels))
     lines = held_out_lines(joint)

@@ -6,8 +6,8 @@ every op), so where the profile also timed steps after the window, the window's 
 scaled to the steady step: the profiler's inflation (window ÷ steady, slowest rank, medians) is
 taken to slow every part of a step alike, and the calibration then reproduces the steady step,
 not the profiled one. The batch transform's timings (`transform_fit`) and the recombination's
-(`recombine_fit`) are taken as recorded: the profiler times them after the window, with nothing
-attached.
+(`recombine_fit`) are not scaled to the steady step: the profiler times them after the window,
+with nothing attached (only separate jobs' speeds are levelled, `job_levels.levelled`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ keeps level 1: it is fitted as measured, and `JobLevel.linked` says so.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections import deque
@@ -94,8 +95,19 @@ def job_levels(evidence: list[ProfileEvidence]) -> list[JobLevel]:
 
 
 def levelled(evidence: list[ProfileEvidence], levels: list[JobLevel]) -> list[ProfileEvidence]:
-    """`evidence` at the first profile's job's speed: each profile's durations ÷ its level."""
-    return [
-        ev if lv.level == 1.0 else slowed(ev, 1.0 / lv.level)
-        for ev, lv in zip(evidence, levels, strict=True)
-    ]
+    """`evidence` at the first profile's job's speed: each profile's durations (`slowed`) and
+    its batch transform's and recombination's timings ÷ its job's level in `levels` (those of
+    the profiles the levels were measured on; a profile of a job they do not name is left as
+    measured)."""
+    level = {lv.job: lv.level for lv in levels}
+    out = []
+    for ev in evidence:
+        f = 1.0 / level.get(job_of(ev), 1.0)
+        if f != 1.0:
+            ev = dataclasses.replace(
+                slowed(ev, f),
+                transform=[dataclasses.replace(t, seconds=t.seconds * f) for t in ev.transform],
+                recombine=[dataclasses.replace(r, seconds=r.seconds * f) for r in ev.recombine],
+            )
+        out.append(ev)
+    return out

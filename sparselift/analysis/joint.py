@@ -8,7 +8,8 @@ distributions at 16 bits apart (`precision_fit`); a sparse-dist profile is paire
 profile of the same plan for the pipeline's overlap and overhead (`pipeline_overlap`). Each base
 profile is then predicted by the fit on the others (leave-one-out): how far the calibration
 carries to a plan it did not see. The batch transform and the recombination do not depend on the
-pipeline: each is fitted on every profile's timings, sparse-dist ones included.
+pipeline: each is fitted on every profile's timings, sparse-dist ones included. Profiles of
+separate jobs are first levelled to one job's speed (`job_levels`).
 """
 
 from __future__ import annotations
@@ -144,10 +145,11 @@ def fit_jointly(analyses: Sequence[Analysis], cache: bool = True) -> JointFit:
     levels = job_levels([a.evidence for a in base])
     evidence = levelled([a.evidence for a in base], levels)
     cal = fit_profiles(evidence)
-    tx = transform_fit_of([a.evidence for a in analyses])
+    timed = evidence + levelled([a.evidence for a in sd], levels)
+    tx = transform_fit_of(timed)
     if tx is not None:
         cal.ops[TRANSFORM] = tx
-    rc = recombine_fit_of([a.evidence for a in analyses])
+    rc = recombine_fit_of(timed)
     if rc is not None:
         cal.ops[RECOMBINE] = rc
     if len(evidence) > 1:
