@@ -14,7 +14,8 @@ table row-wise, side by side: `tune.calibration_plans`), build the plans, measur
 side by side, then print steps/s and the ratio over TorchRec's plan, over round-robin and over the
 no-rewrite plan, each with its per-round range (round r of a plan over round r of the other).
 Beside them: the batch transform's cost as a share of the measured step (`Plan.transform_batch`
-timed on the workload's own synthetic batches, as rank 0 draws them) and the collectives per step
+timed on the workload's own synthetic batches, as rank 0 draws them, in a process with the
+ranks' allocator settings) and the collectives per step
 each plan's sharding groups issue (`collectives`). Contenders that shard alike (the optimizer
 often keeps TorchRec's plan) are marked: their spread is the run's noise.
 
@@ -171,23 +172,38 @@ def collectives(plan: Plan) -> Collectives:
     return Collectives(groups, g, 2 * g, n_ar, dp_bytes, 3 * g + n_ar)
 
 
-def transform_s(
+def transform_s(plan_file: Path, workload: str, max_rows: int, n: int, nproc: int) -> float:
+    """Median seconds of the plan's `transform_batch` on `n` of rank 0's synthetic batches, timed
+    in a process of its own with the ranks' allocator settings (`launch.rank_malloc_env`: glibc
+    reads them at start, and the batch's output buffers are what they change); 0.0 for a plan
+    without splits. See `transform_s_here`."""
+    from sparselift.workloads.launch import rank_malloc_env
+
+    if not plans.load(plan_file).splits:
+        return 0.0
+    cmd = [sys.executable, __file__, "time-transform", str(plan_file), workload, str(max_rows)]
+    with rank_malloc_env():
+        r = subprocess.run([*cmd, str(n), str(nproc)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"timing the transform of {plan_file} failed:\n{r.stderr}")
+    return float(r.stdout.split()[-1])
+
+
+def transform_s_here(
     plan: Plan, workload: str, max_rows: int, n: int, nproc: int, seed: int = 0
 ) -> float:
-    """Median seconds of `plan.transform_batch` on `n` of rank 0's synthetic batches.
+    """Median seconds of `plan.transform_batch` on `n` of rank 0's synthetic batches, here.
 
     The batches are made first, as the harness makes them ahead of the timed loop (uncapped spec,
     ids hashed into `max_rows`), and timed with the intra-op threads a rank of an `nproc`-rank
     run gets (the launcher's OMP_NUM_THREADS): more threads than that on cores the other ranks
-    use is not what a rank pays. 0.0 for a plan without splits.
+    use is not what a rank pays.
     """
     import torch
 
     from sparselift.workloads.batches import SyntheticBatches
     from sparselift.workloads.spec import load_workload
 
-    if not plan.splits:
-        return 0.0
     gen = iter(SyntheticBatches(load_workload(workload), rank=0, seed=seed, max_rows=max_rows))
     batches = [next(gen) for _ in range(n)]
     threads = torch.get_num_threads()
@@ -332,7 +348,7 @@ def measure(
         p = plans.load(f)
         same = first.setdefault(sharding_key(p), k)
         med = statistics.median(sps[k])
-        t_s = transform_s(p, workload, rows, TRANSFORM_BATCHES, nproc)
+        t_s = transform_s(f, workload, rows, TRANSFORM_BATCHES, nproc)
         res["plans"][k] = {
             "file": str(f),
             "splits": len(p.splits),
@@ -387,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["split"]:
         return split_main(argv[1:])
+    if argv[:1] == ["time-transform"]:  # transform_s's process: PLAN WORKLOAD ROWS N NPROC
+        plan, workload, rows, n, nproc = argv[1:]
+        print(transform_s_here(plans.load(plan), workload, int(rows), int(n), int(nproc)))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="multihot-26 only, 1 round of 10 steps")
     ap.add_argument("--nproc", type=int, default=2)
