@@ -237,8 +237,8 @@ def build_tables(model: list[TableFingerprint], splits: dict[str, Split], lay: L
     """The lookup table, sorted hot ids and range starts of every split table (see `Tables`),
     on the CPU: the lookup table int32 where its codes fit (int64 otherwise), the rest int64."""
     n = lay.n_parts.get(LOOKUP, 1)
-    lut_rows = sum(t.num_embeddings for t in model if lay.kind.get(t.name) == LOOKUP)
-    lut = torch.empty(lut_rows, dtype=torch.int64)
+    lut_rows = [t.num_embeddings for t in model if lay.kind.get(t.name) == LOOKUP]
+    lut = torch.empty(sum(lut_rows), dtype=torch.int64)
     keys, rows, starts, part_of = [], [], [], []
     for t in model:
         k, s = lay.kind.get(t.name), splits.get(t.name)
@@ -257,9 +257,7 @@ def build_tables(model: list[TableFingerprint], splits: dict[str, Split], lay: L
             part_of += list(range(len(s.ranges)))
 
     none = torch.zeros(0, dtype=torch.int64)
-    if n * max((t.num_embeddings for t in model if lay.kind.get(t.name) == LOOKUP), default=0) <= (
-        INT32_CODES
-    ):
+    if n * max(lut_rows, default=0) <= INT32_CODES:
         lut = lut.to(torch.int32)
     return Tables(
         lut=lut,
