@@ -175,12 +175,10 @@ def collectives(plan: Plan) -> Collectives:
 def transform_s(plan_file: Path, workload: str, max_rows: int, n: int, nproc: int) -> float:
     """Median seconds of the plan's `transform_batch` on `n` of rank 0's synthetic batches, timed
     in a process of its own with the ranks' allocator settings (`launch.rank_malloc_env`: glibc
-    reads them at start, and the batch's output buffers are what they change); 0.0 for a plan
-    without splits. See `transform_s_here`."""
+    reads them at start, and the batch's output buffers are what they change). See
+    `transform_s_here`."""
     from sparselift.workloads.launch import rank_malloc_env
 
-    if not plans.load(plan_file).splits:
-        return 0.0
     cmd = [sys.executable, __file__, "time-transform", str(plan_file), workload, str(max_rows)]
     with rank_malloc_env():
         r = subprocess.run([*cmd, str(n), str(nproc)], capture_output=True, text=True)
@@ -348,7 +346,7 @@ def measure(
         p = plans.load(f)
         same = first.setdefault(sharding_key(p), k)
         med = statistics.median(sps[k])
-        t_s = transform_s(f, workload, rows, TRANSFORM_BATCHES, nproc)
+        t_s = transform_s(f, workload, rows, TRANSFORM_BATCHES, nproc) if p.splits else 0.0
         res["plans"][k] = {
             "file": str(f),
             "splits": len(p.splits),

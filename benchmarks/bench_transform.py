@@ -69,8 +69,9 @@ STEP_MS = {
 def old_transform_module(rev: str) -> Any:
     """The module `sparselift/plans/transform.py` at git revision `rev`, with the routing module
     of that revision where it had one (imported as `routing_old`)."""
-    if _source(rev, "routing") is not None:
-        _module("routing_old", _source(rev, "routing") or "")
+    routing = _source(rev, "routing")
+    if routing is not None:
+        _module("routing_old", routing)
     src = (_source(rev, "transform") or "").replace(
         "from sparselift.plans.routing import", "from routing_old import"
     )
