@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from rank_hooks import DELAY_ENV
 
+from sparselift.analysis.evidence import slowed
+from sparselift.analysis.joint import fit_jointly
 from sparselift.analysis.pipeline import analyze
 from sparselift.analysis.pipeline_overlap import (
     BASE,
@@ -67,12 +69,17 @@ def test_a_pipeline_not_measured_faster_hides_nothing_the_optimizer_counts_on():
 
 
 # -------------------------------------------------------------------------------- bad input
-def _copy(tmp_path: Path, name: str, pipeline: str, src: Path = FIX) -> Path:
-    """A copy of profile `src` whose manifest says `pipeline`."""
+def _copy(
+    tmp_path: Path, name: str, pipeline: str | None, src: Path = FIX, job: str | None = None
+) -> Path:
+    """A copy of profile `src` whose manifest says `pipeline` (None: as it was) and, given
+    `job`, that it ran in side-by-side job `job`."""
     d = tmp_path / name
     shutil.copytree(src, d, ignore=shutil.ignore_patterns(".sparselift-cache"))
     m = json.loads((d / "manifest.json").read_text())
-    m["pipeline"] = pipeline
+    m["pipeline"] = pipeline or m["pipeline"]
+    if job is not None:
+        m["side_by_side_job"] = job
     (d / "manifest.json").write_text(json.dumps(m))
     return d
 
@@ -178,3 +185,18 @@ def test_a_two_pipeline_calibration_marks_the_overhead_measured_in_the_plan(
     assert main(["plan", "show", str(plan)]) == 0
     shown = [ln.split() for ln in capsys.readouterr().out.splitlines()]
     assert ["pipeline_overhead_s", "measured", "from", str(base), "+", str(sd)] in shown
+
+
+@pytest.mark.slow
+def test_the_overhead_of_a_pair_profiled_in_a_slower_job_is_levelled(tmp_path, pipelines):
+    base, _, slow = pipelines  # slow: DELAY_S of overhead a step, well above the noise
+    # the first profile: the same plan in job J1, which ran at half the steps of J2's pair
+    first = analyze(_copy(tmp_path, "first", None, base, job="J1"), cache=False)
+    first.evidence = slowed(first.evidence, 0.5)
+    pair = [analyze(_copy(tmp_path, p.name, None, p, job="J2"), cache=False) for p in (base, slow)]
+    joint = fit_jointly([first, *pair], cache=False)
+    assert [lv.level for lv in joint.levels] == pytest.approx([1.0, 2.0])
+    assert joint.pipeline is not None and joint.pipeline.overhead_s > 0
+    cal = joint.calibration
+    assert cal.pipeline_overhead_s == pytest.approx(joint.pipeline.overhead_s / 2)
+    assert cal.pipeline_overlap == joint.pipeline.overlap  # a share: the same at any speed

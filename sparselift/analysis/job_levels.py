@@ -99,10 +99,9 @@ def levelled(evidence: list[ProfileEvidence], levels: list[JobLevel]) -> list[Pr
     its batch transform's and recombination's timings ÷ its job's level in `levels` (those of
     the profiles the levels were measured on; a profile of a job they do not name is left as
     measured)."""
-    level = {lv.job: lv.level for lv in levels}
     out = []
     for ev in evidence:
-        f = 1.0 / level.get(job_of(ev), 1.0)
+        f = 1.0 / level_of(levels, ev)
         if f != 1.0:
             ev = dataclasses.replace(
                 slowed(ev, f),
@@ -111,3 +110,9 @@ def levelled(evidence: list[ProfileEvidence], levels: list[JobLevel]) -> list[Pr
             )
         out.append(ev)
     return out
+
+
+def level_of(levels: list[JobLevel], ev: ProfileEvidence) -> float:
+    """The level of `ev`'s job in `levels` (1.0 for a job they do not name)."""
+    job = job_of(ev)
+    return next((lv.level for lv in levels if lv.job == job), 1.0)

@@ -29,7 +29,7 @@ from sparselift.analysis.fit import (
     transform_fit_of,
     with_rs_kinds,
 )
-from sparselift.analysis.job_levels import JobLevel, job_levels, levelled
+from sparselift.analysis.job_levels import JobLevel, job_levels, level_of, levelled
 from sparselift.analysis.pipeline import Analysis
 from sparselift.analysis.pipeline_overlap import (
     SPARSE_DIST,
@@ -156,7 +156,7 @@ def fit_jointly(analyses: Sequence[Analysis], cache: bool = True) -> JointFit:
         cal.held_out = [held_out(evidence, i, levels[i].level) for i in range(len(evidence))]
     overlap = _pipeline(base, sd, cache) if sd else None
     if overlap is not None:
-        cal = with_pipeline(cal, overlap)
+        cal = with_pipeline(cal, overlap, level_of(levels, sd[0].evidence))
     cal.provenance.profiles = paths if len(paths) > 1 else []
     return JointFit(cal, tuple(ev.profile for ev in evidence), overlap, tuple(levels))
 

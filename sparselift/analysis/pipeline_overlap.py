@@ -243,12 +243,14 @@ def fit_pipeline_overlap(
     )
 
 
-def with_pipeline(cal: Calibration, fit: PipelineOverlap) -> Calibration:
+def with_pipeline(cal: Calibration, fit: PipelineOverlap, level: float = 1.0) -> Calibration:
     """`cal` carrying the pipeline's measured overlap and overhead, and the two profiles they
-    were measured on."""
+    were measured on. `level`: the speed level of the two profiles' job (`job_levels`); the
+    overhead, a duration, is divided by it to be at the speed `cal` was fitted at, the overlap
+    is a share and stays."""
     return dataclasses.replace(
         cal,
         pipeline_overlap=fit.overlap,
-        pipeline_overhead_s=fit.overhead_s,
+        pipeline_overhead_s=fit.overhead_s / level,
         pipeline_profiles=fit.profiles,
     )
