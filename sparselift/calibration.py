@@ -163,6 +163,10 @@ class Calibration:
         pipeline_profiles: the base and the sparse-dist profile both were measured on ([] when
             not measured, or not recorded).
         held_out: with several profiles, each one's leave-one-out prediction ([] otherwise).
+        type_overhead_s: what one model-parallel sharding type adds to a step beyond its
+            fitted calls, measured where profiles ran different numbers of such types
+            (`analysis.type_overhead`; `dense_step_s` is then the residual without it); None
+            where not measured.
     """
 
     device: str | None
@@ -176,6 +180,7 @@ class Calibration:
     pipeline_overhead_s: float | None = None
     pipeline_profiles: list[str] = field(default_factory=list)
     held_out: list[HeldOut] = field(default_factory=list)
+    type_overhead_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object written to calibration.json (keys in file order)."""
@@ -194,6 +199,8 @@ class Calibration:
             out["pipeline_overlap"] = self.pipeline_overlap
         if self.pipeline_overhead_s is not None:
             out["pipeline_overhead_s"] = self.pipeline_overhead_s
+        if self.type_overhead_s is not None:
+            out["type_overhead_s"] = self.type_overhead_s
         if self.pipeline_profiles:
             out["pipeline_profiles"] = list(self.pipeline_profiles)
         if self.held_out:
@@ -229,11 +236,8 @@ class Calibration:
         prov = doc.get("provenance")
         if prov is not None and not isinstance(prov, Mapping):
             raise UserError(f"{where}: provenance must be an object")
-        dense_step_s = _optional_number(doc, "dense_step_s", where)
-        if dense_step_s is not None and not (math.isfinite(dense_step_s) and dense_step_s >= 0):
-            raise UserError(
-                f"{where}: dense_step_s must be a finite number >= 0, got {dense_step_s}"
-            )
+        dense_step_s = _optional_seconds(doc, "dense_step_s", where)
+        type_overhead_s = _optional_seconds(doc, "type_overhead_s", where)
         for key in ("world_size", "batch_size"):
             n = _optional(doc, key, int, where)
             if n is not None and n < 1:
@@ -250,6 +254,7 @@ class Calibration:
             pipeline_overhead_s=_optional_number(doc, "pipeline_overhead_s", where),
             pipeline_profiles=_strings(doc, "pipeline_profiles", where),
             held_out=_held_out(doc.get("held_out"), where),
+            type_overhead_s=type_overhead_s,
         )
 
     @classmethod
@@ -311,6 +316,14 @@ def _optional_number(doc: Mapping[str, Any], key: str, where: str, at: str = "")
     if not _is_number(v):
         raise UserError(f"{where}: {at}{key} must be a number")
     return float(v)
+
+
+def _optional_seconds(doc: Mapping[str, Any], key: str, where: str) -> float | None:
+    """`_optional_number`, and UserError unless it is finite and ≥ 0."""
+    v = _optional_number(doc, key, where)
+    if v is not None and not (math.isfinite(v) and v >= 0):
+        raise UserError(f"{where}: {key} must be a finite number >= 0, got {v}")
+    return v
 
 
 def _strings(doc: Mapping[str, Any], key: str, where: str, at: str = "") -> list[str]:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -16,11 +17,12 @@ import pytest
 from sparselift.analysis.evidence import ProfileEvidence, slowed
 from sparselift.analysis.fit import fit_evidence
 from sparselift.analysis.job_levels import job_levels, levelled
-from sparselift.analysis.joint import JointFit, fit_jointly, held_out_lines
+from sparselift.analysis.joint import JointFit, fit_jointly, held_out, held_out_lines
 from sparselift.analysis.pipeline import analyze
 from sparselift.analysis.recombine_fit import RecombineSample
 from sparselift.analysis.samples import SAMPLE_COLUMNS
 from sparselift.analysis.transform_fit import TransformSample
+from sparselift.analysis.type_overhead import DenseFit, fit_dense
 from sparselift.calibration import Calibration
 from sparselift.cli import main
 from sparselift.kernels import CPU_CALL_S, KERNEL_UNIT
@@ -34,8 +36,12 @@ DIST_A, DIST_B = 9e-4, 3e-9  # input_dist: a + b·bytes
 DENSE = 5e-3
 
 
-def _evidence(name: str, seed: int, ranks: int, groups: list[str]) -> ProfileEvidence:
-    """A profile's samples drawn from the truth above, each plan mixing the parts its own way."""
+def _evidence(
+    name: str, seed: int, ranks: int, groups: list[str], per_type: float | None = None
+) -> ProfileEvidence:
+    """A profile's samples drawn from the truth above, each plan mixing the parts its own way;
+    with `per_type`, its manifest records the groups' sharding types and each adds that much
+    to every step outside the calls (as TorchRec's per-type framework work does)."""
     rng = np.random.default_rng(seed)
     rows, steps = [], range(4)
     shapes = {
@@ -60,7 +66,17 @@ def _evidence(name: str, seed: int, ranks: int, groups: list[str]) -> ProfileEvi
     busy = calls.assign(y=calls["y"] - calls["wait"])
     per_rank = busy.groupby(["step", "rank", "kind"])["y"].sum().groupby(["step", "kind"]).max()
     step_s = per_rank.groupby("step").sum() + DENSE
-    manifest = {"world_size": ranks, "device": "cpu", "backend": "gloo", "batch_size": 64}
+    manifest: dict[str, Any] = {
+        "world_size": ranks,
+        "device": "cpu",
+        "backend": "gloo",
+        "batch_size": 64,
+    }
+    if per_type is not None:
+        step_s += per_type * len(groups)
+        manifest["sharding"] = [
+            {"table": f"t{i}", "sharding_type": g} for i, g in enumerate(groups)
+        ]
     return ProfileEvidence(
         name, manifest, "cpu", ranks, calls, step_s, pd.DataFrame(), float(step_s.min())
     )
@@ -83,6 +99,32 @@ def test_a_joint_fit_recovers_the_coefficients_two_plans_were_made_with():
     # one plan alone cannot tell the weights apart: the kernel's stand
     alone = fit_evidence([tw]).ops["lookup_fwd"]
     assert alone.unique_weight is None and alone.bag_weight is None
+
+
+def test_profiles_of_more_sharding_types_measure_what_each_type_adds_to_the_step():
+    per_type = 1.5e-3
+    one = _evidence("tw", 0, 4, ["table_wise"], per_type)
+    two = _evidence("rw+cw", 1, 4, ["row_wise", "column_wise"], per_type)
+    three = _evidence("all", 2, 4, ["table_wise", "row_wise", "column_wise"], per_type)
+    cal = fit_evidence([one, two])
+    assert cal.type_overhead_s == pytest.approx(per_type, rel=0.1)
+    assert cal.dense_step_s == pytest.approx(DENSE, rel=0.05)
+    # each profile is predicted by the fit on the other two, its own type count priced
+    errors = [held_out([one, two, three], i).error for i in range(3)]
+    assert max(map(abs, errors)) < 0.02, errors
+    # without the per-type term, the one-type profile left out is priced at the others' residual
+    flat = [
+        dataclasses.replace(ev, manifest={**ev.manifest, "sharding": []}) for ev in (two, three)
+    ]
+    assert fit_evidence(flat).type_overhead_s is None
+    assert held_out([one, *flat], 0).error > 0.05
+    # profiles of as many types each cannot measure it
+    assert (
+        fit_evidence([one, _evidence("tw2", 3, 4, ["table_wise"], per_type)]).type_overhead_s
+        is None
+    )
+    written = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert written.type_overhead_s == cal.type_overhead_s
 
 
 def _in_job(ev: ProfileEvidence, job: str, plan: str, slower: float = 1.0) -> ProfileEvidence:
@@ -357,3 +399,12 @@ def test_a_calibration_without_the_pipelines_overhead_loads_with_the_presets_ass
         Calibration.from_dict(dict(new, pipeline_profiles="/p/base"), str(path))
     with pytest.raises(UserError, match="pipeline_overhead_s must be a number"):
         Calibration.from_dict(dict(new, pipeline_overhead_s="1ms"), str(path))
+
+
+def test_a_type_never_saves_framework_work_and_bad_input_is_refused():
+    assert fit_dense([5e-3, 4e-3], [1, 2]) == DenseFit(5e-3, 0.0)
+    assert fit_dense([5e-3, 6e-3, 9e-3], [1, 1, 3]).type_overhead_s == pytest.approx(1.75e-3)
+    with pytest.raises(ValueError):
+        fit_dense([], [])
+    with pytest.raises(ValueError):
+        fit_dense([1e-3], [1, 2])

@@ -169,3 +169,31 @@ def test_a_profiled_mixed_plan_fits_both_collectives(tmp_path):
     assert coeffs.measured("output_dist_rs_fwd") and coeffs.measured("output_dist_fwd")
     assert coeffs.profiled_types == (RW, TW) and not risky_class(RW_CLS, coeffs)
     assert coeffs.output_dist_rs_fwd != coeffs.output_dist_fwd  # fitted on their own calls
+
+
+def test_a_measured_type_overhead_makes_the_optimizer_run_fewer_sharding_types(analyses):
+    """Priced at what the profiles measured, each model-parallel sharding type adds its
+    framework work to the step; at a dear enough price the optimizer keeps one type, and each
+    plan is the cheaper under the coefficients it was made with."""
+    cal = fit_jointly(list(analyses.values()), cache=False).calibration.to_dict()
+    # one table row-wise pays; wide one-hot tables are cheaper table-wise
+    wide = [TableStats(f"w{i}", 1_000, 256, 1.0, feature_names=(f"w{i}",)) for i in range(8)]
+    stats = _dominant_stats()[:1] + wide
+    made = {}
+    for overhead in (0.0, 0.05):
+        coeffs = coefficients(TOPO, {**cal, "type_overhead_s": overhead})
+        assert coeffs.type_overhead_s == overhead and coeffs.measured("type_overhead_s")
+        made[overhead] = (coeffs, optimize(Inputs(stats, TOPO, 256, coeffs), time_limit_s=10).plan)
+
+    def types(plan) -> set[str]:
+        return {t.sharding_type for t in plan.tables} - {"data_parallel"}
+
+    free, dear = made[0.0][1], made[0.05][1]
+    assert len(types(free)) > 1 and len(types(dear)) == 1, (types(free), types(dear))
+    steps = {
+        o: [predict_plan(p, stats, c, TOPO, 256).step_time_s for p in (free, dear)]
+        for o, (c, _) in made.items()
+    }
+    assert steps[0.0][0] < steps[0.0][1] and steps[0.05][1] < steps[0.05][0]
+    # the price of a plan grows by the overhead once per type it runs
+    assert steps[0.05][0] - steps[0.0][0] == pytest.approx(0.05 * len(types(free)))

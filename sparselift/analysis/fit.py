@@ -10,11 +10,13 @@ tell; on CPU, calls of several plans can also refit the lookup unit's weights (`
 Row-wise and table-row-wise output distributions (a reduce-scatter) are their own kinds
 (`with_rs_kinds`), priced like the all-to-all's where no profile ran them (`fit_of`).
 `dense_step_s` is what is left of the fastest measured step (slowest rank) when the sparse path's
-modelled cost is taken out, so that predicting the profiled plan gives back that step time.
+modelled cost is taken out, so that predicting the profiled plan gives back that step time; where
+profiles ran different numbers of model-parallel sharding types, what each type adds to that
+residual is `type_overhead_s` (`type_overhead`), and `dense_step_s` the residual without it.
 
 A calibration is fitted from one profile or several of the same job (`fit_evidence`): each
 profile's samples are gathered first (`evidence.profile_evidence`), then every op kind is fitted
-on all of them together, and the dense step is the median of the profiles' own. Where profiles
+on all of them together, and the dense step from the profiles' own (`dense_fit`). Where profiles
 timed the split plans' batch transform, its fit over all their timings is `batch_transform`
 (`transform_fit`); where they timed the split model's recombination, `recombine`
 (`recombine_fit`).
@@ -22,7 +24,6 @@ timed the split plans' batch transform, its fit over all their timings is `batch
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -34,6 +35,7 @@ from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.recombine_fit import RECOMBINE, fit_recombine
 from sparselift.analysis.samples import LOOKUPS, lookup_work_of
 from sparselift.analysis.transform_fit import TRANSFORM, fit_transform
+from sparselift.analysis.type_overhead import DenseFit, fit_dense, model_parallel_types
 from sparselift.analysis.unit_fit import MAX_REL_SE, refit_unit
 from sparselift.calibration import (
     A2A_KIND,
@@ -304,6 +306,15 @@ def dense_of(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:
     return max(ev.target_s - sparse_at_target(ev, ops), 0.0)
 
 
+def dense_fit(evidence: list[ProfileEvidence], ops: list[dict[str, OpFit]]) -> DenseFit:
+    """The dense step and the per-type overhead (`type_overhead.fit_dense`) from each
+    profile's residual under its own fits (`ops[i]` prices `evidence[i]`)."""
+    return fit_dense(
+        [dense_of(ev, o) for ev, o in zip(evidence, ops, strict=True)],
+        [model_parallel_types(ev.manifest) for ev in evidence],
+    )
+
+
 def transform_fit_of(evidence: list[ProfileEvidence]) -> OpFit | None:
     """The batch transform's fit over every profile's timings together; None without any."""
     return fit_transform([s for ev in evidence for s in ev.transform])
@@ -331,8 +342,8 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     """Fit one calibration on one or several profiles of the same job.
 
     Every op kind is fitted on all profiles' calls together (reduce-scatter output distributions
-    as their own kinds, `with_rs_kinds`); the dense step is the median of
-    each profile's (`dense_of`): the dense part is the same model in every plan.
+    as their own kinds, `with_rs_kinds`); the dense step and the per-type overhead from each
+    profile's residual (`dense_fit`): the dense part is the same model in every plan.
 
     Args:
         evidence: `evidence.profile_evidence` of each profile (the first names the calibration).
@@ -354,7 +365,7 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     rc = recombine_fit_of(evidence)
     if rc is not None:
         ops[RECOMBINE] = rc
-    dense = statistics.median(dense_of(ev, ops) for ev in evidence)
+    dense = dense_fit(evidence, [ops] * len(evidence))
     provenance = Provenance(
         profile=first.profile,
         created_unix=time.time(),
@@ -375,6 +386,7 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
         world_size=first.world_size,
         batch_size=first.manifest.get("batch_size"),
         ops=ops,
-        dense_step_s=dense,
+        dense_step_s=dense.dense_step_s,
         provenance=provenance,
+        type_overhead_s=dense.type_overhead_s,
     )

@@ -15,13 +15,12 @@ separate jobs are first levelled to one job's speed (`job_levels`).
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Sequence
 
 from sparselift.analysis.compare import check_same_job
 from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.fit import (
-    dense_of,
+    dense_fit,
     fit_evidence,
     fit_of,
     recombine_fit_of,
@@ -40,6 +39,7 @@ from sparselift.analysis.pipeline_overlap import (
 from sparselift.analysis.precision_fit import QCOMM, at_precision, fit_qcomm, split_by_precision
 from sparselift.analysis.recombine_fit import RECOMBINE
 from sparselift.analysis.transform_fit import TRANSFORM
+from sparselift.analysis.type_overhead import DenseFit, model_parallel_types
 from sparselift.calibration import A2A_KIND, UNITS, Calibration, HeldOut, OpFit
 from sparselift.errors import UserError
 from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S, CPU_WORK_B_S
@@ -88,15 +88,14 @@ def prior_fit(kind: str, device: str) -> OpFit | None:
 def fit_profiles(evidence: list[ProfileEvidence]) -> Calibration:
     """`fit.fit_evidence` with 16-bit output distributions fitted apart (`precision_fit`): the
     op kinds on the fp32 calls, their net 16-bit cost as `qcomm_quantize`, and the dense step
-    from every profile priced at its own precision."""
+    (and per-type overhead) from every profile priced at its own precision."""
     kept, apart = split_by_precision(evidence)
     cal = fit_evidence(kept)
     q = fit_qcomm(apart, cal.ops)
     if q is not None:
         cal.ops[QCOMM] = q
-        cal.dense_step_s = statistics.median(
-            dense_of(ev, at_precision(cal.ops, ev.manifest)) for ev in evidence
-        )
+        dense = dense_fit(evidence, [dict(at_precision(cal.ops, ev.manifest)) for ev in evidence])
+        cal.dense_step_s, cal.type_overhead_s = dense.dense_step_s, dense.type_overhead_s
     return cal
 
 
@@ -115,7 +114,8 @@ def held_out(evidence: list[ProfileEvidence], i: int, level: float = 1.0) -> Hel
         prior = prior_fit(kind, ev.device)
         if fit_of(ops, kind) is None and prior is not None:
             ops[kind] = prior
-    predicted = (cal.dense_step_s or 0.0) + sparse_at_target(ev, ops)
+    dense = DenseFit(cal.dense_step_s or 0.0, cal.type_overhead_s)
+    predicted = dense.residual_at(model_parallel_types(ev.manifest)) + sparse_at_target(ev, ops)
     return HeldOut(ev.profile, ev.target_s, predicted, level)
 
 

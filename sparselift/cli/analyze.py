@@ -66,7 +66,8 @@ MAX_WORKERS = 1024
 
 
 def calibration_line(cal: Calibration) -> str:
-    """One line: each op kind's fit (ms per call, per-unit cost, r², samples), dense step."""
+    """One line: each op kind's fit (ms per call, per-unit cost, r², samples), dense step (and
+    what each sharding type adds to it, where measured)."""
     fits = ", ".join(
         f"{kind} a={fit.a_s * 1e3:.3f}ms"
         + (f" sync={fit.sync_s * 1e3:.3f}ms" if fit.sync_s else "")
@@ -74,7 +75,12 @@ def calibration_line(cal: Calibration) -> str:
         for kind, fit in cal.ops.items()
     )
     dense = f"{cal.dense_step_s * 1e3:.2f} ms" if cal.dense_step_s is not None else "not measured"
-    return f"calibration: {fits}; dense_step {dense}"
+    per_type = (
+        f", plus {cal.type_overhead_s * 1e3:.2f} ms per model-parallel sharding type"
+        if cal.type_overhead_s is not None
+        else ""
+    )
+    return f"calibration: {fits}; dense_step {dense}{per_type}"
 
 
 def pipeline_line(fit: PipelineOverlap) -> str:

@@ -94,6 +94,8 @@ class Coefficients:
     batch_transform: Linear = Linear(0.0, 0.0)
     # … and the split model's recombination of pooled embeddings: seconds per element (fwd + bwd)
     recombine_b_s: float = 0.0
+    # the framework work one model-parallel sharding type adds to a step beyond its calls
+    type_overhead_s: float = 0.0
     # the sharding types the calibrated profiles ran (their collectives are what the fits saw);
     # () without a calibration
     profiled_types: tuple[str, ...] = ()
@@ -152,6 +154,7 @@ COEFFICIENT_NAMES = (
     "lookup_unit",
     "batch_transform",
     "recombine_b_s",
+    "type_overhead_s",
 )
 # The batch transform's cost per split feature and per id routed, where no profile measured it:
 # a few vectorized torch ops per feature on the host (CPU), or on the device (CUDA: launches).
@@ -294,6 +297,8 @@ def coefficients(
         kw["lookup_unit"] = unit
     if cal.dense_step_s is not None:
         kw["dense_step_s"] = cal.dense_step_s
+    if cal.type_overhead_s is not None:  # measured with the dense step (else the preset's 0)
+        kw["type_overhead_s"] = cal.type_overhead_s
     types = cal.provenance.manifest.get("sharding_types")
     profiled = tuple(str(t) for t in types) if isinstance(types, list) else ()
     crossing = [kw[k].b_s for k in DIST_KINDS if k in kw]

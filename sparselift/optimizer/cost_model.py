@@ -79,11 +79,15 @@ def output_coeffs(coeffs: Coefficients, sharding_type: str) -> tuple[Linear, Lin
 
 
 def type_fixed_costs(coeffs: Coefficients, sharding_type: str) -> PhaseTimes:
-    """The fixed per-call costs one sharding type present adds (data-parallel excepted): its
-    input_dist and its output collective, forward and backward (`output_coeffs`)."""
+    """The fixed costs one sharding type present adds (data-parallel excepted): its input_dist
+    and its output collective, forward and backward (`output_coeffs`), and the framework work
+    around them (`type_overhead_s`, with the forward lookup's)."""
     fwd, bwd = output_coeffs(coeffs, sharding_type)
     return PhaseTimes(
-        input_dist=coeffs.input_dist.a_s, output_dist_fwd=fwd.a_s, output_dist_bwd=bwd.a_s
+        input_dist=coeffs.input_dist.a_s,
+        lookup_fwd=coeffs.type_overhead_s,
+        output_dist_fwd=fwd.a_s,
+        output_dist_bwd=bwd.a_s,
     )
 
 
@@ -164,9 +168,9 @@ class CostModel:
         )
 
     def fixed_call_costs(self, groups: Iterable[tuple[str, str]]) -> PhaseTimes:
-        """Fixed per-call costs of the (sharding type, kernel) groups present: one input_dist
-        and one output collective per sharding type (`type_fixed_costs`), one TBE per group, one
-        allreduce for all data-parallel tables."""
+        """Fixed costs of the (sharding type, kernel) groups present: one input_dist, one output
+        collective and the framework work per sharding type (`type_fixed_costs`), one TBE per
+        group, one allreduce for all data-parallel tables."""
         coeffs = self.coeffs
         groups = set(groups)
         per_type = [
@@ -174,7 +178,7 @@ class CostModel:
         ]
         return PhaseTimes(
             sum(f.input_dist for f in per_type),
-            coeffs.lookup_fwd.a_s * len(groups),
+            coeffs.lookup_fwd.a_s * len(groups) + sum(f.lookup_fwd for f in per_type),
             sum(f.output_dist_fwd for f in per_type),
             sum(f.output_dist_bwd for f in per_type),
             coeffs.lookup_bwd.a_s * len(groups),

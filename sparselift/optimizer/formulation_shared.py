@@ -99,7 +99,8 @@ def phase_upper_bounds(p: Problem, load_ub: list[float], n_use: int) -> list[int
     """Upper bounds of the phase max variables: the worst loads plus every fixed cost."""
     c = p.coeffs
     rs = (c.output_dist_rs_fwd.a_s, c.output_dist_rs_bwd.a_s)
-    fixed_ub = to_ns(max(*(getattr(c, ph).a_s for ph in PHASES), *rs)) * (n_use + 4)
+    per_call = max(*(getattr(c, ph).a_s for ph in PHASES), *rs) + c.type_overhead_s
+    fixed_ub = to_ns(per_call) * (n_use + 4)
     return [int(load_ub[i]) + fixed_ub + 1 for i in range(len(PHASES))]
 
 
