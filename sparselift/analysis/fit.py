@@ -25,7 +25,6 @@ timed the split plans' batch transform, its fit over all their timings is `batch
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,7 +34,12 @@ from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.recombine_fit import RECOMBINE, fit_recombine
 from sparselift.analysis.samples import LOOKUPS, lookup_work_of
 from sparselift.analysis.transform_fit import TRANSFORM, fit_transform
-from sparselift.analysis.type_overhead import DenseFit, fit_dense, model_parallel_types
+from sparselift.analysis.type_overhead import (
+    DenseFit,
+    fit_dense,
+    model_parallel_types,
+    profiled_sharding_types,
+)
 from sparselift.analysis.unit_fit import MAX_REL_SE, refit_unit
 from sparselift.calibration import (
     A2A_KIND,
@@ -323,19 +327,6 @@ def transform_fit_of(evidence: list[ProfileEvidence]) -> OpFit | None:
 def recombine_fit_of(evidence: list[ProfileEvidence]) -> OpFit | None:
     """The recombination's fit over every profile's timings together; None without any."""
     return fit_recombine([s for ev in evidence for s in ev.recombine])
-
-
-def profiled_sharding_types(manifests: Iterable[dict[str, Any]]) -> list[str]:
-    """The sharding types any of the profiles ran (their manifests' `sharding`), sorted: whose
-    collectives the fits have seen."""
-    return sorted(
-        {
-            str(e["sharding_type"])
-            for m in manifests
-            for e in m.get("sharding") or []
-            if isinstance(e, dict) and e.get("sharding_type")
-        }
-    )
 
 
 def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:

@@ -12,11 +12,11 @@ optimizer prices it with each type's fixed costs (`Coefficients.type_overhead_s`
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-DATA_PARALLEL = "data_parallel"
+from sparselift.analysis.volumes import SHARDED
 
 
 @dataclass(frozen=True)
@@ -37,16 +37,23 @@ class DenseFit:
         return self.dense_step_s + (self.type_overhead_s or 0.0) * types
 
 
-def model_parallel_types(manifest: Mapping[str, Any]) -> int:
-    """How many sharding types other than data-parallel the profile's plan ran (its manifest's
-    `sharding` entries); 0 without a record."""
-    return len(
+def profiled_sharding_types(manifests: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The sharding types any of the profiles ran (their manifests' `sharding`), sorted: whose
+    collectives the fits have seen."""
+    return sorted(
         {
-            e.get("sharding_type")
-            for e in manifest.get("sharding") or []
-            if isinstance(e, Mapping) and e.get("sharding_type") not in (None, DATA_PARALLEL)
+            str(e["sharding_type"])
+            for m in manifests
+            for e in m.get("sharding") or []
+            if isinstance(e, Mapping) and e.get("sharding_type")
         }
     )
+
+
+def model_parallel_types(manifest: Mapping[str, Any]) -> int:
+    """How many model-parallel sharding types (`volumes.SHARDED`) the profile's plan ran;
+    0 without a record."""
+    return len(set(profiled_sharding_types([manifest])) & set(SHARDED))
 
 
 def fit_dense(residuals: Sequence[float], types: Sequence[int]) -> DenseFit:
