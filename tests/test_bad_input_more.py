@@ -79,7 +79,7 @@ topology-preset-not-string | $OPT $W --topology {topo_preset} $P | {topo_preset}
 
 calibration-nan-slope | $OPT $W --calibration {cal_nan} $P | {cal_nan}: op 'input_dist': b_s must be
 calibration-negative-dense | $OPT $W --calibration {cal_dense} $P | {cal_dense}: dense_step_s $FIN
-calibration-nan-type-overhead | $OPT $W --calibration {cal_type} $P | {cal_type}: type_overhead_s $FIN
+calibration-nan-per-type | $OPT $W --calibration {cal_type} $P | {cal_type}: type_overhead_s $FIN
 calibration-zero-world | $OPT $W --calibration {cal_world} $P | {cal_world}: world_size must be at
 
 optimize-seed-huge | $OPT $W --seed 99999999999 $P | $SEED
