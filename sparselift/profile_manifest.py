@@ -68,6 +68,20 @@ SHAPES: dict[str, tuple[str, Any]] = {
     "comm_precision": ("an object", _object),
     "batch_transform": ("an object", _object),
     "recombine": ("an object", _object),
+    "lookup_s": (
+        "a list (per rank) of objects of 'window' and 'steady' lists of [forward, backward]",
+        _list_of(
+            lambda r: (
+                _object(r)
+                and all(
+                    _list_of(
+                        lambda x: isinstance(x, list) and len(x) == 2 and all(map(_number, x))
+                    )(r.get(k, []))
+                    for k in ("window", "steady")
+                )
+            )
+        ),
+    ),
     "side_by_side_job": ("a non-empty string", lambda v: isinstance(v, str) and v != ""),
     "side_by_side_plans": (
         "a list of plan paths or nulls",

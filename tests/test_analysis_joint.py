@@ -310,6 +310,49 @@ def test_a_calibration_reproduces_the_steady_step_timed_after_the_window(tmp_pat
     assert predicted(plain) > 1.3 * float(np.median(steady))
 
 
+def test_lookups_are_scaled_by_their_kernels_own_steady_seconds_not_the_steps(tmp_path):
+    # the window ran 1/0.6 as slow as the steady steps, but the kernels themselves were timed:
+    # rank 0's as fast in the window as after it, rank 1's backward 20 % faster after it. Their
+    # traced lookups are scaled by that, everything else by the step's inflation.
+    from sparselift.analysis.compare import slowest_rank_steps
+
+    def profile(name: str, lookup_s: list | None) -> Path:
+        prof = tmp_path / name
+        shutil.copytree(TW, prof)
+        m = json.loads((prof / "manifest.json").read_text())
+        window = slowest_rank_steps(m)[m["warmup"] : m["warmup"] + len(m["profiled_steps"])]
+        m["steady_step_s"] = [0.6 * float(np.median(window))] * 5
+        m["lookup_s"] = lookup_s
+        (prof / "manifest.json").write_text(json.dumps(m))
+        return prof
+
+    kernels = [
+        {"window": [[1e-3, 4e-3]] * 3, "steady": [[1e-3, 4e-3]] * 5},
+        {"window": [[1e-3, 4e-3]] * 3, "steady": [[1e-3, 3.2e-3]] * 5},
+    ]
+    timed = analyze(profile("timed", kernels), cache=False).evidence
+    alike = analyze(profile("alike", None), cache=False).evidence
+    assert timed.inflation == pytest.approx(alike.inflation) == pytest.approx(1 / 0.6, rel=0.02)
+    assert timed.lookup_scale == {
+        (0, "lookup_fwd"): 1.0,
+        (0, "lookup_bwd"): 1.0,
+        (1, "lookup_fwd"): 1.0,
+        (1, "lookup_bwd"): pytest.approx(0.8),
+    }
+    assert alike.lookup_scale == {}
+    ratio = timed.calls["y"] / alike.calls["y"]
+    look = timed.calls["kind"].isin(["lookup_fwd", "lookup_bwd"])
+    slower = (timed.calls["rank"] == 1) & (timed.calls["kind"] == "lookup_bwd")
+    assert look.any() and (~look).any() and slower.any()
+    assert np.allclose(ratio[look & ~slower], alike.inflation)
+    assert np.allclose(ratio[slower], 0.8 * alike.inflation)
+    assert np.allclose(ratio[~look], 1.0)
+    # and the calibration still closes on the steady step: what the lookups gain, the rest loses
+    assert analyze(profile("timed2", kernels), cache=False).calibration.dense_step_s < (
+        analyze(profile("alike2", None), cache=False).calibration.dense_step_s
+    )
+
+
 def _output_dist(name: str, seed: int, b_s: float, precision: str) -> ProfileEvidence:
     """A profile of pooled distributions only: a + b·bytes per call, at `precision` forward."""
     rng = np.random.default_rng(seed)

@@ -121,6 +121,12 @@ def test_manifest(profile_dir):
     slowest = [max(t[i] for t in m["step_times_s"]) for i in range(WARMUP + STEPS + STEADY)]
     assert m["steady_step_s"] == slowest[WARMUP + STEPS :]
     assert all(0 < t < 10 for t in m["steady_step_s"])
+    # each rank's embedding kernels timed in every profiled and every steady step, within it
+    assert [(len(r["window"]), len(r["steady"])) for r in m["lookup_s"]] == [(STEPS, STEADY)] * 2
+    for r, rec in enumerate(m["lookup_s"]):
+        timed = rec["window"] + rec["steady"]
+        for (fwd, bwd), step in zip(timed, m["step_times_s"][r][WARMUP:], strict=True):
+            assert 0 < fwd < step and 0 < bwd < step
     assert len(m["peak_memory_bytes"]) == 2 and all(b > 0 for b in m["peak_memory_bytes"])
     assert (
         m["files"]["traces"] == ["rank0.trace.json.gz", "rank1.trace.json.gz"] and m["errors"] == []

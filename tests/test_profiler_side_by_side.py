@@ -39,6 +39,10 @@ def test_profile_also_writes_one_profile_per_plan_from_one_job(tmp_path):
         assert m["profiled_steps"] == list(range(WARMUP, WARMUP + STEPS))
         assert [len(t) for t in m["step_times_s"]] == [per_plan, per_plan]
         assert len(m["steady_step_s"]) == STEADY and all(s > 0 for s in m["steady_step_s"])
+        # the kernels timed in its window and every step it ran after it
+        after = per_plan - WARMUP - STEPS
+        assert [(len(r["window"]), len(r["steady"])) for r in m["lookup_s"]] == [(STEPS, after)] * 2
+        assert all(x > 0 for r in m["lookup_s"] for s in r["window"] + r["steady"] for x in s)
         assert sorted(p.name for p in d.glob("rank*.trace.json.gz")) == [
             "rank0.trace.json.gz",
             "rank1.trace.json.gz",

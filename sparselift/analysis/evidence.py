@@ -4,10 +4,14 @@ Gathered apart from the fit so that several profiles of a job can be fitted toge
 (`fit.fit_evidence`). The profiled window runs slower than training does (the profiler records
 every op), so where the profile also timed steps after the window, the window's samples are
 scaled to the steady step: the profiler's inflation (window ÷ steady, slowest rank, medians) is
-taken to slow every part of a step alike, and the calibration then reproduces the steady step,
-not the profiled one. The batch transform's timings (`transform_fit`) and the recombination's
-(`recombine_fit`) are not scaled to the steady step: the profiler times them after the window,
-with nothing attached (only separate jobs' speeds are levelled, `job_levels.levelled`).
+taken to slow every part of a step alike, except the lookups where the profiler timed the
+embedding kernels themselves in the window and in the steady steps (manifest `lookup_s`, on
+CPU): the window slows one kernel call far less than the many small ops around it, so each
+rank's traced lookups are scaled by its kernels' own steady ÷ window seconds instead. The
+calibration then reproduces the steady step, not the profiled one. The batch transform's timings
+(`transform_fit`) and the recombination's (`recombine_fit`) are not scaled to the steady step:
+the profiler times them after the window, with nothing attached (only separate jobs' speeds are
+levelled, `job_levels.levelled`).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ class ProfileEvidence:
         steady_step_s: median step timed after the window; None when fewer than
             MIN_STEADY_STEPS were.
         inflation: the profiled window's median step ÷ steady_step_s; None when not measured.
+        lookup_scale: (rank, lookup kind) → what that rank's traced lookups were multiplied by
+            (its kernels' steady ÷ window seconds, `lookup_scale`); empty where not timed.
         transform: the batch transform's timings the manifest records ([] where none).
         recombine: the recombination's timings the manifest records ([] where none).
     """
@@ -76,6 +82,7 @@ class ProfileEvidence:
     inflation: float | None = None
     transform: list[TransformSample] = field(default_factory=list)
     recombine: list[RecombineSample] = field(default_factory=list)
+    lookup_scale: dict[tuple[int, str], float] = field(default_factory=dict)
 
 
 def window_inflation(manifest: dict[str, Any], step_s: pd.Series) -> tuple[float, float] | None:
@@ -227,15 +234,42 @@ def gather_evidence(
     return ev if steady is None else scaled_to_steady(ev, *steady)
 
 
+def lookup_scale(manifest: dict[str, Any]) -> dict[tuple[int, str], float]:
+    """(rank, lookup kind) → the embedding kernels' median steady seconds a step ÷ their median
+    window seconds, from the manifest's `lookup_s`; only where the rank timed the window and at
+    least MIN_STEADY_STEPS steady steps, both medians > 0."""
+    out = {}
+    for rank, rec in enumerate(manifest.get("lookup_s") or []):
+        window, steady = rec.get("window") or [], rec.get("steady") or []
+        if not window or len(steady) < MIN_STEADY_STEPS:
+            continue
+        for i, kind in enumerate(LOOKUPS):
+            w = statistics.median(x[i] for x in window)
+            s = statistics.median(x[i] for x in steady)
+            if w > 0 and s > 0:
+                out[rank, kind] = s / w
+    return out
+
+
 def scaled_to_steady(ev: ProfileEvidence, steady_s: float, inflation: float) -> ProfileEvidence:
     """`ev` with its durations divided by the window's inflation (where it is > 1: a window no
-    slower than the steady steps was not slowed by the profiler) and the steady step as target."""
-    return dataclasses.replace(
+    slower than the steady steps was not slowed by the profiler), its lookups scaled by their
+    kernels' own steady ÷ window seconds where the manifest has them (`lookup_scale`), and the
+    steady step as target."""
+    out = dataclasses.replace(
         slowed(ev, 1.0 / max(inflation, 1.0)),
         target_s=steady_s,
         steady_step_s=steady_s,
         inflation=inflation,
     )
+    scale = lookup_scale(ev.manifest)
+    if not scale:
+        return out
+    calls = out.calls.copy()
+    for (rank, kind), f in scale.items():
+        rows = (ev.calls["rank"] == rank) & (ev.calls["kind"] == kind)
+        calls.loc[rows, "y"] = ev.calls.loc[rows, "y"] * f
+    return dataclasses.replace(out, calls=calls, lookup_scale=scale)
 
 
 def slowed(ev: ProfileEvidence, f: float) -> ProfileEvidence:

@@ -20,6 +20,7 @@ from sparselift.workloads.harness import TrainConfig
 from sparselift.workloads.side_by_side import SideBySide, run_side_by_side
 
 HOOK = "sparselift.profiler.hook:make_hook"
+KERNEL_STEADY_STEPS = 10  # steps after a window whose embedding kernels are timed
 
 
 def write_from_parent(
@@ -107,7 +108,9 @@ def profile_side_by_side(
             steps=steps,
             execution_trace=execution_trace,
             command=command,
-            steady_steps=0,  # the rounds time them
+            # the steps after its window time the kernels (`lookup_s`); the rounds' turns are
+            # its steady steps
+            steady_steps=KERNEL_STEADY_STEPS,
         ),
     )
     measured = run_side_by_side(job)

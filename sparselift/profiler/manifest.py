@@ -37,6 +37,10 @@ model_tables ([{name, num_embeddings, embedding_dim, feature_names}], the model'
 where the plan in force splits tables and `tables` are its virtual ones; null otherwise, absent in
 older manifests) says which model a split plan's profile is of; splits (that plan's splits as
 its file writes them, null otherwise) with it describe the plan in force whole.
+lookup_s (per rank {window: [[forward, backward], …], steady: [[forward, backward], …]}: the
+embedding kernels' own seconds in each profiled step and each steady step, timed by hooks on the
+kernel modules, `lookup_timer.py`; null where not timed (CUDA), absent in older manifests) tells
+the analysis how much the window slowed the lookups themselves.
 """
 
 from __future__ import annotations
@@ -167,6 +171,8 @@ class ProfileFacts:
     # the model's own tables where `tables` are a split plan's virtual ones; null: they are
     model_tables: list[dict[str, Any]] | None = None
     splits: list[dict[str, Any]] | None = None  # that plan's splits, as its file writes them
+    # per rank, the embedding kernels' [forward, backward] seconds of each window and steady step
+    lookup_s: list[dict[str, list[list[float]]]] | None = None
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

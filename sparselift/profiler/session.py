@@ -22,7 +22,9 @@ like the traces: too large to hand back), then `access_stats.parquet` and `manif
 steps with nothing attached (`steady.py`: the window runs slower than training does) and rank 0
 rewrites the manifest with their `steady_step_s`; training that ends first keeps what was timed
 (`finish()` or leaving the `with` block gathers it; without either, the manifest keeps
-`steady_step_s: []`).
+`steady_step_s: []`). On CPU the embedding kernels' own seconds are timed too, from the window's
+first step to the last steady step (`lookup_timer.py`: the window slows the kernels less than the
+rest of a step), and gathered with the steady steps into the manifest's `lookup_s`.
 `execution_trace=True` also records torch's ExecutionTraceObserver (`rank<R>.et.json`, op
 dependencies joinable to the Kineto trace); it is off by default because it costs disk space and
 slows the steps after the window (benchmarks/bench_profiler_overhead.py).
@@ -50,6 +52,7 @@ from sparselift.profiler.access_stats import access_rows, rank_table_steps, tabl
 from sparselift.profiler.collect import collect_traces
 from sparselift.profiler.gather import gather_to_rank0
 from sparselift.profiler.hot_ids import record_hot_ids
+from sparselift.profiler.lookup_timer import LookupTimer, kernel_modules, lookup_record
 from sparselift.profiler.manifest import ProfileFacts, comm_precision_of, sharding_of
 from sparselift.profiler.merge import RankReport, profile_facts, write_manifest, write_profile
 from sparselift.profiler.pipeline import ProfiledPipeline
@@ -172,6 +175,10 @@ class ProfileSession:
         self._next = 0
         self._facts: ProfileFacts | None = None  # rank 0, after the window
         self._steady = SteadyTimer(steady_steps, self.device)
+        # the kernels' own seconds per step, in the window and the steady steps (CPU only)
+        cpu = self.device.type == "cpu"
+        self._lookups = LookupTimer(kernel_modules(self.modules)) if cpu else None
+        self._lookup_s: dict[str, list[list[float]]] = {"window": [], "steady": []}
         self._steady_open = False  # timing steady steps: the window closed at its last step
         self._trace_dir = self.out_dir  # rank 0's; the others' traces are sent to it
         if self.rank == 0:
@@ -186,10 +193,12 @@ class ProfileSession:
         if self.done:
             if self._steady_open:
                 self._steady.begin()
+                self._time_lookups("begin")
             return
         if step == self.first:
             self._guard(self._open, "starting the profiler")
         if self.first <= step <= self.last:
+            self._time_lookups("begin")
             self._recorder.step = step
             if self._trace is not None and self._trace.running:
                 self._guard(lambda: self._trace.step_begin(step), "marking a step")
@@ -201,6 +210,7 @@ class ProfileSession:
         if self.done:
             if self._steady_open:
                 self._steady.end()
+                self._time_lookups("steady")
                 if self._steady.complete:
                     self._end_steady()
             return
@@ -211,6 +221,7 @@ class ProfileSession:
             self.step_times_s.append(time.perf_counter() - self._t0)
             self._t0 = None
         if in_window:
+            self._time_lookups("window")
             self._recorder.step = None
             self.profiled_steps.append(step)
             if self._trace is not None:
@@ -218,6 +229,8 @@ class ProfileSession:
         if step >= self.last:
             self._close()
             self._steady_open = self._steady.n > 0
+            if not self._steady_open:
+                self._time_lookups("detach")
 
     def finish(self) -> dict[str, Any]:
         """Close the window if training ended inside it, or gather the steady steps timed so far;
@@ -278,8 +291,23 @@ class ProfileSession:
             self.errors.append(msg)
             return None
 
+    def _time_lookups(self, what: str) -> None:
+        """Drive the kernel timer: "begin" a step, record it in "window" or "steady", or
+        "detach" its hooks (nothing without a timer, or once detached)."""
+        timer = self._lookups
+        if timer is None or not timer.attached:
+            return
+        if what == "begin":
+            timer.begin()
+        elif what == "detach":
+            self._guard(timer.detach, "removing the kernel timer")
+        else:
+            self._lookup_s[what].append(timer.end())
+
     def _open(self) -> None:
         self._recorder.attach()
+        if self._lookups is not None:
+            self._guard(self._lookups.attach, "timing the embedding kernels")
         if self.rank != 0:
             self._trace_dir = Path(tempfile.mkdtemp(prefix=f"sparselift-rank{self.rank}-"))
         self._trace = TraceRecorder(self._trace_dir, self.rank, self.device, self.execution_trace)
@@ -344,12 +372,18 @@ class ProfileSession:
     def _end_steady(self) -> None:
         """Meet the other ranks once with the steady steps; rank 0 rewrites the manifest."""
         self._steady_open = False
+        self._time_lookups("detach")
         steady = self._guard(self._steady.gather, "gathering steady steps on rank 0")
+        lookups = self._guard(
+            lambda: gather_to_rank0(self._lookup_s), "gathering kernel times on rank 0"
+        )
         if self.rank != 0 or steady is None or self._facts is None or self.result is None:
             return
         facts = self._facts
         facts.steady_step_s = steady
+        facts.lookup_s = lookup_record(lookups) if lookups else None
         self.result["facts"]["steady_step_s"] = list(steady)
+        self.result["facts"]["lookup_s"] = facts.lookup_s
         if self.write_files:
             self._guard(
                 lambda: write_manifest(self.out_dir, facts),
