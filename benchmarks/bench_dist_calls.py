@@ -7,8 +7,9 @@ per-byte cost by itself; the calibration takes the fixed cost measured here. Tim
 forward and forward+backward) and PooledEmbeddingsReduceScatter (the row-wise output_dist: on
 gloo a ring all-reduce forward, an all-gather backward) over sizes from kilobytes to megabytes,
 one thread per rank as the launcher sets, and prints median times and the line a + b·bytes
-through them; then what fp16 qcomm does to the output distribution (on gloo over shared memory:
-nothing that pays).
+through them; then the same bytes moved balanced or nearly all one way (on gloo alike: each
+rank's CPU copies both ends, `kernels.both_ends`), and what fp16 qcomm does to the output
+distribution (on gloo over shared memory: nothing that pays).
 
     .venv/bin/python benchmarks/bench_dist_calls.py [--reps 25] [--quick]
 """
@@ -94,6 +95,16 @@ def _rank(rank: int, world: int, port: int, reps: int) -> None:
         rows["output_dist_fwd"].append((sent, fwd))
         rows["output_dist_bwd"].append((sent, max(both - fwd, 0.0)))
         fp16_ratio.append((sent, both16 / both))
+    # the same bytes, balanced or nearly all one way: on gloo a rank's CPU copies both what it
+    # sends and what it receives, so both take alike (`kernels.both_ends`)
+    one_way: list[tuple[float, float, float]] = []
+    for dim in (256, 1024, 4096):
+        calls = []
+        for dims in ([dim // 2, dim // 2], [dim - dim // 16, dim // 16]):
+            pooled = PooledEmbeddingsAllToAll(pg, dim_sum_per_rank=dims)
+            emb = torch.randn(BATCH * world, dims[rank], requires_grad=True)
+            calls.append(_median_s(lambda pooled=pooled, emb=emb: pooled(emb).wait(), reps))
+        one_way.append((BATCH * dim * 4 * (world - 1), *calls))  # bytes both ways together
     rows["output_dist_rs_fwd"], rows["output_dist_rs_bwd"] = [], []
     for dim in (16, 64, 256, 1024, 4096):  # row-wise output: [W·B, D] reduced to [B, D]
         rs = PooledEmbeddingsReduceScatter(pg)
@@ -111,6 +122,12 @@ def _rank(rank: int, world: int, port: int, reps: int) -> None:
                 f"{kind:<16} " + "  ".join(f"{xi / 1e3:.0f} KB {yi * 1e3:.3f} ms" for xi, yi in pts)
             )
             print(f"{'':<16} fit: {a * 1e3:.3f} ms + {b * 1e9:.2f} ns/B")
+        print(
+            "output_dist forward, the same bytes balanced vs 15/16 one way (rank 0): "
+            + "  ".join(
+                f"{x / 1e3:.0f} KB {a * 1e3:.3f} vs {b * 1e3:.3f} ms" for x, a, b in one_way
+            )
+        )
         print(
             "fp16 qcomm ÷ fp32, output_dist forward+backward: "
             + "  ".join(f"{x / 1e3:.0f} KB {r:.2f}×" for x, r in fp16_ratio)

@@ -23,6 +23,14 @@ import numpy as np
 
 ID_BYTES, LENGTH_BYTES, FLOAT_BYTES = 8, 4, 4  # an id, a bag length, an embedding element
 
+
+def both_ends(device: str) -> bool:
+    """Whether a distribution's bytes cost a rank at both ends, sent and received: on CPU (gloo
+    between ranks of a host), whose ranks' own CPUs copy both; NCCL's links carry both directions
+    at once (`benchmarks/bench_dist_calls.py` measures gloo's)."""
+    return device != "cuda"
+
+
 # κ: one distinct row costs κ ids; μ: one pooled output element costs μ ids (FBGEMM, one CPU thread)
 CPU_UNIQUE_WEIGHT = {"lookup_fwd": 5.0, "lookup_bwd": 41.0}
 CPU_BAG_WEIGHT = {"lookup_fwd": 0.22, "lookup_bwd": 0.06}
@@ -136,6 +144,35 @@ def _expected_unique(rows: int, alpha: float, draws: float) -> float:
         g = np.log if abs(alpha - 1) < 1e-9 else (lambda x: x ** (1 - alpha) / (1 - alpha))
         p = (g(k + 1) - g(k)) / (g(rows + 1.0) - g(1.0))
     return float(np.sum((hi - lo) * -np.expm1(draws * np.log1p(-np.minimum(p, 1 - 1e-12)))))
+
+
+def expected_unique_past(
+    rows: int, alpha: float, draws: float, head: int, head_share: float | None = None
+) -> float:
+    """Expected distinct rows among `draws` ids drawn from a Zipf(alpha) law over `rows` rows
+    with its `head` hottest rows taken out (the law past them, renormalized): what the cold part
+    of a hot/cold split touches. Its draws are what the whole table takes to put `draws` ids past
+    the head (`head_share` of its ids on the head: measured where given, else the law's); the
+    head's own distinct rows among those are then left out."""
+    head = max(0, min(int(head), int(rows)))
+    if head == 0:
+        return expected_unique(rows, alpha, draws)
+    p = _head_mass(rows, alpha, head)
+    tail = 1.0 - (float(p.sum()) if head_share is None else head_share)
+    if draws <= 0 or tail <= 0:
+        return 0.0
+    whole = draws / tail
+    seen_head = float(np.sum(-np.expm1(whole * np.log1p(-np.minimum(p, 1 - 1e-12)))))
+    return max(0.0, expected_unique(rows, alpha, whole) - seen_head)
+
+
+def _head_mass(rows: int, alpha: float, head: int) -> np.ndarray:
+    """The law's mass on each of the `head` hottest ranks, as `_expected_unique` takes it."""
+    if alpha == 0:
+        return np.full(head, 1.0 / rows)
+    k = np.arange(1, head + 1, dtype=float)
+    g = np.log if abs(alpha - 1) < 1e-9 else (lambda x: x ** (1 - alpha) / (1 - alpha))
+    return (g(k + 1) - g(k)) / (g(rows + 1.0) - g(1.0))
 
 
 def zipf_share(n: int, alpha: float, fraction: float) -> float:

@@ -23,7 +23,7 @@ def split_hot_ids(table: str, rows: int, hot_rows: int, hot_share: float) -> Hot
 
 def split_tables() -> list[TableStats]:
     """One heavy multi-hot table whose lookups pile up on its owner, and four light ones."""
-    heavy = TableStats("heavy", 200_000, 64, 120.0, zipf_alpha=1.2, feature_names=("f_heavy",))
+    heavy = TableStats("heavy", 200_000, 64, 300.0, zipf_alpha=1.2, feature_names=("f_heavy",))
     light = [
         TableStats(f"t{i}", 5_000, 64, 2.0, zipf_alpha=1.05, feature_names=(f"f{i}",))
         for i in range(4)

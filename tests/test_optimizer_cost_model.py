@@ -12,7 +12,7 @@ from sparselift.optimizer.coefficients import Linear, coefficients
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.planio import fingerprints, plan_topology
 from sparselift.optimizer.predict import predict_plan
-from sparselift.optimizer.space import CW, RW, TW, OptionClass, enumerate_classes
+from sparselift.optimizer.space import CW, RW, TW, Choice, OptionClass, enumerate_classes
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import preset
 
@@ -98,6 +98,42 @@ def test_row_wise_output_is_an_all_reduce_on_gloo():
         m = CostModel(topo, 64, coefficients(topo))
         counts = m.counts(t, OptionClass(RW, "fused")).own
         assert counts.out_fwd_intra == pytest.approx(sent * 64 * t.embedding_dim * 4)
+
+
+def test_gloo_bytes_cost_both_ends_so_two_ranks_move_the_same_wherever_tables_are():
+    # every table on rank 0, or split between the ranks: on gloo each rank copies what it sends
+    # and what it receives, so on 2 ranks both pay every byte either way; NCCL's owner pays
+    tw = OptionClass(TW, "fused")
+    by = {t.name: t for t in T}
+    piled = {t.name: Choice(tw, (0,)) for t in T}
+    spread = {t.name: Choice(tw, (i % 2,)) for i, t in enumerate(T)}
+    phases = ("input_dist", "output_dist_fwd", "output_dist_bwd")
+    gloo = CostModel(preset("cpu-gloo", 2), 64, coefficients(preset("cpu-gloo", 2)))
+    for choices in (piled, spread):
+        r0, r1 = gloo.rank_loads(by, choices)
+        for ph in phases:
+            assert getattr(r0, ph) == pytest.approx(getattr(r1, ph)) and getattr(r1, ph) > 0
+    for ph in phases:  # and as much wherever the tables are
+        a, b = (getattr(gloo.rank_loads(by, c)[0], ph) for c in (piled, spread))
+        assert a == pytest.approx(b)
+    gpu = CostModel(preset("h100x8", 2), 64, coefficients(preset("h100x8", 2)))
+    r0, r1 = gpu.rank_loads(by, piled)
+    assert all(getattr(r0, ph) > 0 == getattr(r1, ph) for ph in phases)
+
+
+def test_a_cold_part_touches_the_tables_distinct_rows_past_its_hot_ones():
+    from sparselift.kernels import expected_unique
+    from sparselift.optimizer.split_options import hot_cold_from_zipf
+
+    t = TableStats("big", 200_000, 64, 100.0, zipf_alpha=1.05, feature_names=("big",))
+    draws = 2 * 1024 * t.ids_per_sample
+    whole = expected_unique(t.num_embeddings, t.zipf_alpha, draws)
+    for opt in hot_cold_from_zipf(t, list(range(t.num_embeddings))):
+        hot, cold = opt.parts
+        cold_draws = draws * cold.ids_per_sample / t.ids_per_sample
+        # fewer ids, nearly every distinct row: the cold part is the law's tail, not its head
+        assert whole - hot.num_embeddings <= cold.unique(cold_draws) <= whole
+        assert cold.unique(cold_draws) > 1.2 * expected_unique(t.num_embeddings, 1.05, cold_draws)
 
 
 def test_a_uvm_cached_table_without_a_load_factor_is_priced_at_the_size_it_runs_with():

@@ -320,11 +320,13 @@ def test_torchrec_referee_prices_a_plans_comm_precision(monkeypatch):
 def test_local_search_never_raises_the_step_it_improves():
     # the search scores phases as the step counts them: under sparse-dist the pipeline hides
     # input_dist, so evening out input_dist (made dear here) at the price of a lookup is no gain —
-    # moving a1 beside b would even input_dist and raise the step
+    # moving a1 beside b would even input_dist and raise the step. Three ranks: on two gloo ranks
+    # every id crosses between the two, and each rank's input_dist (both ends) is the same
+    # wherever the tables are.
     from sparselift.optimizer.placement import improve_placement
     from sparselift.optimizer.space import TW, OptionClass
 
-    topo = preset("cpu-gloo", 2)
+    topo = preset("cpu-gloo", 3)
     k = coefficients(topo)
     model = CostModel(
         topo,
@@ -335,10 +337,16 @@ def test_local_search_never_raises_the_step_it_improves():
         TableStats("a1", 50, 32, 20.0, feature_names=("a1",)),
         TableStats("a2", 50, 32, 20.0, feature_names=("a2",)),
         TableStats("b", 200_000, 32, 1.0, feature_names=("b",)),
+        TableStats("c", 200_000, 32, 1.0, feature_names=("c",)),
     ]
     tw = OptionClass(TW, "fused")
     p = Problem(stats, model, PlanWide(), feasible_classes(model, stats, PlanWide()))
-    start = {"a1": Choice(tw, (0,)), "a2": Choice(tw, (0,)), "b": Choice(tw, (1,))}
+    start = {
+        "a1": Choice(tw, (0,)),
+        "a2": Choice(tw, (0,)),
+        "b": Choice(tw, (1,)),
+        "c": Choice(tw, (2,)),
+    }
     for pipe in ("base", "sparse-dist"):
         g = PlanWide(pipeline=pipe)
         before = model.evaluate(p.by_name, start, g).step_time_s

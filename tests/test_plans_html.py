@@ -30,12 +30,21 @@ from sparselift.tune_report import tune_sections
 @pytest.fixture(scope="module")
 def split_file(tmp_path_factory) -> Path:
     """The optimizer's plan with `heavy` hot/cold, its cold part made row-wise over both ranks
-    (a sharding type no other table has, so the split adds an all-to-all pair)."""
+    and the other model-parallel tables table-wise (so the split adds an all-to-all pair)."""
     topo = preset("cpu-gloo", 2)
     stats = split_tables()
     hot = {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)}
     inp = Inputs(stats, topo, BATCH, split_coeffs(topo, 1e-12), splits=split_options(stats, 2, hot))
     doc = optimize(inp, time_limit_s=20, min_gain=0.0).plan.to_dict()
+    for t in doc["tables"]:  # every other model-parallel table table-wise on rank 0
+        if t["sharding_type"] not in ("data_parallel", "table_wise"):
+            rows = sum(sh["sizes"][0] for sh in t["shards"] if sh["offsets"][1] == 0)
+            dim = sum(sh["sizes"][1] for sh in t["shards"] if sh["offsets"][0] == 0)
+            t.update(
+                sharding_type="table_wise",
+                ranks=[0],
+                shards=[{"rank": 0, "offsets": [0, 0], "sizes": [rows, dim]}],
+            )
     (cold,) = [t for t in doc["tables"] if t["name"] == "heavy__cold"]
     rows, dim = cold["shards"][0]["sizes"]
     half = rows // 2

@@ -4,6 +4,11 @@ A trace records each collective's whole tensor, not how it splits over peers, so
 table-wise plan it cannot say which rank sent more. The plan and the per-rank id counts can, and
 counting them exactly as the optimizer's cost model does (`sparselift.optimizer.cost_model`) makes
 the fitted per-byte costs mean the same thing in both places.
+
+On gloo a rank's own CPU copies every byte it sends and every byte it receives (between ranks of
+one host an all-to-all takes as long with all its bytes going one way as with half each way:
+`benchmarks/bench_dist_calls.py`), so there an all-to-all's bytes count at both ends. On NCCL
+the links carry both directions at once, and the bytes count where a shard's rank is unbalanced.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES
+from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES, both_ends
 
 SHARDED = ("table_wise", "column_wise", "row_wise", "table_row_wise")
 GROUPS = sorted(SHARDED)
@@ -25,8 +30,10 @@ def dist_bytes(
     """Bytes each rank moves for each sharding-type group's distributions, in each step (one host).
 
     A table-wise or column-wise shard's rank sends its outputs and receives every other rank's ids
-    and gradients; row-wise shards send their share, and gloo's row-wise output is a ring
-    all-reduce of the whole output, its backward an all-gather.
+    and gradients; on gloo each other rank also counts what it sends that rank and receives from
+    it (`both_ends`). Row-wise shards send their share of the ids (and on gloo receive the others'
+    share), and gloo's row-wise output is a ring all-reduce of the whole output, its backward an
+    all-gather.
 
     Args:
         access: the profile's access statistics (ids per table, rank and step).
@@ -43,6 +50,7 @@ def dist_bytes(
         if isinstance(t, dict) and "name" in t
     }
     gloo = (manifest.get("backend") or "gloo") == "gloo"
+    peers = both_ends(manifest.get("device") or "cpu") and gloo
     shards = plan_tables[plan_tables["sharding_type"].isin(SHARDED)]
     steps = np.array(sorted(access["step"].unique()), dtype=np.int64)
     owners = shards["rank"].to_numpy(dtype=np.int64)
@@ -64,12 +72,21 @@ def dist_bytes(
             acc.add(at, "output_dist_fwd", st, np.where(away, outs, 0.0), None)
             acc.add(at, "input_dist", st, np.broadcast_to(idb[:, :, None], grid), away)
             acc.add(at, "output_dist_bwd", st, np.broadcast_to(outs, grid), away)
+            if peers:  # … and at the other end: each rank's ids out, its outputs and grads
+                peer = np.broadcast_to(r_of[:, None], away.shape)
+                at = np.broadcast_to(peer, grid)
+                acc.add(at, "output_dist_fwd", st, np.broadcast_to(outs, grid), away)
+                acc.add(at, "input_dist", st, np.broadcast_to(idb[:, :, None], grid), away)
+                acc.add(at, "output_dist_bwd", st, np.broadcast_to(outs, grid), away)
         else:  # row-wise buckets: every rank keeps 1/W of its ids
             out = batch * float(sh["cols"].max()) * FLOAT_BYTES
             per_rank = (len(steps), world)
             at = np.broadcast_to(r_of, per_rank)
             fwd = 2.0 * (world - 1) * out if gloo and st == "row_wise" else (world - 1) * out
-            acc.add(at, "input_dist", st, idb * (world - 1) / world, None)
+            ids_x = idb * (world - 1) / world  # sent; on gloo also the others' share received
+            if peers:
+                ids_x = ids_x + (idb.sum(axis=1, keepdims=True) - idb) / world
+            acc.add(at, "input_dist", st, ids_x, None)
             acc.add(at, "output_dist_fwd", st, np.full(per_rank, fwd, dtype=np.float64), None)
             acc.add(at, "output_dist_bwd", st, np.full(per_rank, (world - 1) * out, float), None)
     return acc.frame(ranks, steps)

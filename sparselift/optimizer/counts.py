@@ -15,7 +15,7 @@ from sparselift.kernels import (
     KERNEL_UNIT,
     LENGTH_BYTES,
     LookupUnit,
-    expected_unique,
+    both_ends,
     lookup_work,
 )
 from sparselift.optimizer.space import CW, DENSE, DP, RW, TW, TWRW, UVM_CACHING, OptionClass
@@ -132,6 +132,7 @@ def _sparselift_counts(
     nf = max(1, len(t.feature_names))
     idb = B * (p * ID_BYTES + nf * LENGTH_BYTES)  # one rank's ids for this table, to one shard
     gpu = topo.device == "cuda"
+    copies = both_ends(topo.device) and L > 1  # gloo: bytes cost both ends (`kernels.both_ends`)
     if c.kernel == UVM_CACHING and c.cache_load_factor is None:
         raise ValueError(f"{c.label}: a UVM-cached class needs a cache load factor")
     cache_share = c.cache_load_factor or 0.0
@@ -151,8 +152,7 @@ def _sparselift_counts(
             return 0.0
         return lookup_x * (1.0 - t.hot_share(cache_share))
 
-    def unique(draws: float) -> float:
-        return expected_unique(N, t.zipf_alpha, draws)
+    unique = t.unique
 
     def work(ids: float, uniq: float, cols: float, bags: float = W * B) -> dict[str, float]:
         dev = topo.device
@@ -197,13 +197,15 @@ def _sparselift_counts(
             ddr=ddr,
             **work(W * B * p, unique(W * B * p), cols),
         )
-        return ClassCounts("rank", c.shards, own, zero, zero)
+        # on gloo the other ranks of the host pay too: their ids out, the outputs and grads
+        peer = Counts(ids_intra=idb, out_fwd_intra=out, out_bwd_intra=out) if copies else zero
+        return ClassCounts("rank", c.shards, own, peer, zero)
     if c.sharding_type == RW:
         hbm, ddr, dense_x = memory(N / W, d)
         out = B * d * FLOAT_BYTES
         lx = B * p * d
         own = Counts(
-            ids_intra=idb * (L - 1) / W,
+            ids_intra=idb * (L - 1) / W * (2.0 if copies else 1.0),  # sent (and received)
             ids_inter=idb * (W - L) / W,
             lookup_x=lx,
             miss_x=miss(lx),
@@ -229,7 +231,7 @@ def _sparselift_counts(
         lx = W * B * p * d / L
         fwd_intra, fwd_inter = W * out * (L - 1) / L, (W - L) * out / L
         own = Counts(
-            ids_intra=idb * (L - 1) / L,
+            ids_intra=idb * (L - 1) / L * (2.0 if copies else 1.0),
             lookup_x=lx,
             miss_x=miss(lx),
             **work(W * B * p / L, unique(W * B * p) / L, d),

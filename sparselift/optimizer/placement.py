@@ -161,9 +161,11 @@ def improve_placement(
 
     Why: LPT and a time-limited exact solve leave plateaus (the slowest rank of one phase is not
     the slowest of another), which moves repair, and packing waste (shards too large for the
-    room left), which swaps repair. Only shards whose table charges nothing to other ranks
-    (table-wise, column-wise) move: their load is their rank's alone. Each candidate is scored
-    from the top-3 ranks of every phase, vectorized over ranks and shards.
+    room left), which swaps repair. Only shards of rank-placed tables (table-wise, column-wise)
+    move, and only where what they charge other ranks does not depend on where they are (nothing,
+    or on one host the same to every other rank): what moves is their rank's load beyond the
+    others'. Each candidate is scored from the top-3 ranks of every phase, vectorized over ranks
+    and shards.
 
     Args:
         p: the problem (terms, memory caps, coefficients).
@@ -178,12 +180,14 @@ def improve_placement(
     buf = p.pipeline_buffer_bytes if pipeline == "sparse-dist" else 0.0
     gpu = p.on_gpu
     cap = np.array([p.hbm_cap - buf if gpu else np.inf, p.ddr_cap - (0.0 if gpu else buf)])
-    movable = []  # (table, choice, own load): tables whose load is their shard ranks' alone
+    one_host = p.topo.num_hosts == 1
+    movable = []  # (table, choice, what moves with a shard): its rank's load beyond the others'
     for name in sorted(choices):
         ch = choices[name]
         terms = p.terms(name, ch.cls) if ch.cls.located == "rank" else None
-        if terms is not None and not any(terms.remote_intra) and not any(terms.remote_inter):
-            movable.append((name, ch, np.array(terms.own)))
+        if terms is None or any(terms.remote_inter) or not one_host and any(terms.remote_intra):
+            continue
+        movable.append((name, ch, np.array(terms.own) - np.array(terms.remote_intra)))
     if not movable:
         return dict(choices)
     rows = sorted(

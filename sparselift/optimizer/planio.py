@@ -12,7 +12,6 @@ from typing import Any
 
 from sparselift import plans
 from sparselift.errors import UserError
-from sparselift.kernels import expected_unique
 from sparselift.optimizer.space import CW, DP, RW, TW, TWRW, Choice, OptionClass, PlanWide
 from sparselift.optimizer.split_options import SplitOption
 from sparselift.optimizer.table_stats import TableStats
@@ -35,7 +34,7 @@ def statistics_digest(stats: list[TableStats], batch_size: int) -> dict[str, dic
         ids_per_step: ids one rank looks up in the table per step, all its features summed
             (ids per sample x the batch per rank).
         unique_ratio: distinct rows among those ids over the ids, as the cost model counts them
-            (`kernels.expected_unique` of the table's Zipf law); 0 for no ids.
+            (`TableStats.unique`: its Zipf law, past the hot rows for a cold part); 0 for no ids.
         pooling: mean ids per sample of one of its features (ids per sample / features).
         hot_share: share of the ids on the hottest 1 % of its rows (`TableStats.hot_share`:
             measured where the profile measured it, else the Zipf law's).
@@ -49,7 +48,7 @@ def statistics_digest(stats: list[TableStats], batch_size: int) -> dict[str, dic
     out: dict[str, dict[str, float]] = {}
     for t in stats:
         ids = t.ids_per_sample * batch_size
-        unique = expected_unique(t.num_embeddings, t.zipf_alpha, ids) / ids if ids > 0 else 0.0
+        unique = t.unique(ids) / ids if ids > 0 else 0.0
         out[t.name] = {
             "ids_per_step": _digits(ids),
             "unique_ratio": _digits(min(1.0, unique)),

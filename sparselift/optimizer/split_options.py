@@ -123,6 +123,8 @@ def _hot_cold(
         _part(t, cold_name, n, t.embedding_dim, 1.0 - share, 2),
         top1pct_share=tail(0.01),
         top10pct_share=tail(0.1),
+        head_rows=k,
+        head_share=share,
     )
     return SplitOption(
         table=t.name,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparselift.errors import UserError
-from sparselift.kernels import zipf_share
+from sparselift.kernels import expected_unique, expected_unique_past, zipf_share
 from sparselift.workloads.spec import WorkloadSpec
 
 
@@ -36,6 +36,19 @@ class TableStats:
     split_of: str | None = None
     routed_features: float = 0.0
     output_share: float = 1.0  # the share of its pooled width that the model's output counts
+    # a hot/cold split's cold part: its table's hottest `head_rows` rows (`head_share` of its
+    # ids) are the hot part's, and this part draws from the law past them
+    head_rows: int = 0
+    head_share: float = 0.0
+
+    def unique(self, draws: float) -> float:
+        """Expected distinct rows among `draws` of its ids (`kernels.expected_unique`; past the
+        head rows for a cold part, `kernels.expected_unique_past`)."""
+        if self.head_rows:
+            return expected_unique_past(
+                self.num_embeddings, self.zipf_alpha, draws, self.head_rows, self.head_share
+            )
+        return expected_unique(self.num_embeddings, self.zipf_alpha, draws)
 
     def hot_share(self, fraction: float) -> float:
         """Share of accesses that hit the hottest `fraction` of rows (what a cache of that size
