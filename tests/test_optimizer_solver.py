@@ -135,6 +135,43 @@ def test_a_gain_below_min_gain_keeps_torchrecs_plan():
     assert kept.cost.step_time_s == pytest.approx(free.baseline_cost.step_time_s)
 
 
+def test_a_plan_worth_leaving_the_profiled_plan_for_is_not_lost_to_a_kept_baseline():
+    # ours beats the profiled plan by more than min_gain, TorchRec's plan beats ours by less:
+    # weighed against ours, TorchRec's plan is kept, but it is not worth leaving the profiled
+    # plan for, so the profiled plan would be kept — though ours is worth it. Ours ships.
+    from sparselift import plans
+    from sparselift.optimizer.planio import choices_from_plan
+    from sparselift.optimizer.predict import predict_plan
+    from sparselift.optimizer.table_stats import stats_from_spec
+    from sparselift.optimizer.torchrec_baseline import torchrec_baseline_plan
+    from sparselift.workloads.spec import load_workload
+
+    spec = load_workload("multihot-26").capped(200_000)
+    stats, topo = stats_from_spec(spec), preset("cpu-gloo", 2)
+    k, batch = coefficients(topo), spec.batch_size
+    base = torchrec_baseline_plan(stats, topo, batch)
+    doc = base.to_dict()
+    for t in doc["tables"]:  # the profiled plan: every table-wise table on rank 0
+        if t["sharding_type"] != "table_wise":
+            continue
+        t["ranks"] = [0]
+        for sh in t["shards"]:
+            sh["rank"] = 0
+    piled = plans.Plan.from_dict(doc, "test")
+    inputs = Inputs(stats, topo, batch, k)
+    ours = optimize(inputs, time_limit_s=10).cost.step_time_s
+    tr, cur = (predict_plan(p, stats, k, topo, batch).step_time_s for p in (base, piled))
+    low, high = max(tr / ours, cur / tr), cur / ours  # min_gain in between makes the case
+    assert 1.0 < low < high
+    gain = (low + high) / 2 - 1
+    alone = optimize(inputs, time_limit_s=10, baseline=base, min_gain=gain)
+    assert alone.kept_baseline  # weighed against ours alone, TorchRec's plan is kept
+    res = optimize(inputs, time_limit_s=10, baseline=base, min_gain=gain, current=piled)
+    assert not res.kept_baseline and res.cost.step_time_s == pytest.approx(ours)
+    assert choices_from_plan(res.plan, topo)[0] != choices_from_plan(piled, topo)[0]
+    assert any("ours" in line for line in res.notes)
+
+
 def test_cpu_does_not_pick_options_that_do_not_pay():
     topo = preset("cpu-gloo", 2)
     inp = Inputs(TABLES, topo, 128, coefficients(topo))

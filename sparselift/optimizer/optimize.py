@@ -144,7 +144,8 @@ def optimize(
         pending_baselines: plans still being made, waited for once the first CP-SAT model is
             built (after `baseline` and `other_baselines` in the order of ties).
         current: the plan the profiled job runs today: kept (as it is) unless the new plan is
-            predicted `min_gain` faster than it, whichever baseline that new plan is.
+            predicted `min_gain` faster than it, whichever baseline that new plan is; where a
+            baseline kept over ours is not, but ours is, ours.
         two_models: whether the plan must also hold under TorchRec's estimator; None: where
             `whatif.two_model_mode` says (benchmarks of SparseLift's model alone pass False).
     Returns:
@@ -229,6 +230,7 @@ def optimize(
     base()  # resolved by the solve already; here in case a solver path did not ask
     plan_wide = PlanWide(plan_wide.forward, plan_wide.backward, sol.pipeline)
     choices = sol.choices
+    ours, ours_wide = choices, plan_wide
     hbm = hbm_budget(inp.topo, inp.batch_size, inp.stats)
     base_plan, base_cost, kept, verdicts = base.plan, base.cost, False, None
     if two and base.candidates:  # both models, against TorchRec's best plan by its estimator
@@ -278,6 +280,16 @@ def optimize(
         cur_choices, cur_wide = choices_from_plan(current, inp.topo)
         cur_cost = model.evaluate(plan_tables(current, inp.stats), cur_choices, cur_wide)
         new_s = model.evaluate(by_name, choices, plan_wide).step_time_s
+        ours_s = model.evaluate(by_name, ours, ours_wide).step_time_s
+        gain = 1.0 + min_gain
+        if kept and ours_s * gain <= cur_cost.step_time_s < new_s * gain:
+            # the baseline kept over ours is not worth leaving the profiled plan for, while ours
+            # is: each change is weighed against the plan it replaces
+            notes.append(
+                f"the cheapest baseline is predicted only {cur_cost.step_time_s / new_s:.3f}x "
+                f"faster than the profiled plan, ours {cur_cost.step_time_s / ours_s:.3f}x: ours"
+            )
+            choices, plan_wide, kept, verdicts, new_s = ours, ours_wide, False, None, ours_s
         if cur_cost.step_time_s < new_s * (1.0 + min_gain) and _fits(inp.topo, cur_cost, hbm):
             choices, plan_wide, kept, base_plan, base_cost = (
                 cur_choices,
