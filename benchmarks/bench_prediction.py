@@ -71,6 +71,7 @@ from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
 from sparselift.optimizer.topology import Topology, profiled_topology
 from sparselift.profiler.from_ranks import profile_side_by_side
+from sparselift.profiler.hot_ids import HotIds, read_hot_ids
 from sparselift.tune import calibration_plans
 from sparselift.workloads.harness import TrainConfig
 
@@ -81,17 +82,18 @@ MAX_ROWS = {"tiny": None, "multihot-26": 200_000, "criteo-kaggle": 200_000}
 @dataclass
 class Calibrated:
     """One calibration set's outcome: the base profile's directory, calibration.json's object,
-    the tables as profiled, the per-rank batch and the profiled topology."""
+    the tables as profiled, the per-rank batch, the profiled topology and the hot ids."""
 
     base: Path
     cal: dict[str, Any]
     stats: list[TableStats]
     batch: int
     topo: Topology
+    hot: dict[str, HotIds]
 
     def predict(self, plan: plans.Plan) -> float:
         """`plan`'s step time (s) under the cost model with this calibration."""
-        return predict_plan(plan, self.stats, self.cal, self.topo, self.batch).step_time_s
+        return predict_plan(plan, self.stats, self.cal, self.topo, self.batch, self.hot).step_time_s
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -166,7 +168,8 @@ def analyzed(dirs: list[Path]) -> Calibrated:
     base = dirs[0]
     cal = load_calibration(base / "calibration.json")
     stats, batch = stats_from_profile(base)
-    return Calibrated(base, cal, stats, batch, profiled_topology(cal, str(base)))
+    topo = profiled_topology(cal, str(base))
+    return Calibrated(base, cal, stats, batch, topo, read_hot_ids(base))
 
 
 def calibrate(torchrec: Path, d: Path, common: list[str], args: argparse.Namespace) -> Calibrated:
@@ -226,7 +229,7 @@ def make_plans(
     sh("optimize", "--profile", str(c0.base), *opt, log=sys.stderr)
     out = {"sparselift": ours, "torchrec": torchrec, "round_robin": rr}
     model = CostModel(c0.topo, c0.batch, coefficients(c0.topo, c0.cal))
-    for i, (label, p) in enumerate(neighbours(plans.load(ours), c0.stats, model)[:3]):
+    for i, (label, p) in enumerate(neighbours(plans.load(ours), c0.stats, model, c0.hot)[:3]):
         path = work / f"neighbour{i}.json"
         plans.save(p, path)
         out[f"n{i}: {label}"] = path

@@ -10,8 +10,10 @@ from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.costs import PHASES
 from sparselift.optimizer.planio import choices_from_plan, to_plan
 from sparselift.optimizer.space import Choice, enumerate_classes
+from sparselift.optimizer.split_options import options_of_plan, plan_tables
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
+from sparselift.profiler.hot_ids import HotIds
 
 
 def placements(cls, topo: Topology) -> list[Choice]:
@@ -26,15 +28,21 @@ def placements(cls, topo: Topology) -> list[Choice]:
 
 
 def neighbours(
-    plan: plans.Plan, stats: list[TableStats], model: CostModel
+    plan: plans.Plan,
+    stats: list[TableStats],
+    model: CostModel,
+    hot: dict[str, HotIds] | None = None,
 ) -> list[tuple[str, plans.Plan]]:
-    """One decision changed each: pipeline, comm precision, each sharding type's heaviest table."""
+    """One decision changed each: pipeline, comm precision, each sharding type's heaviest table
+    (a split plan's parts are tables here; its splits stay); `hot`: the profile's hot ids, which
+    price its hot/cold splits."""
     topo = model.topo
-    by = {s.name: s for s in stats}
+    by = plan_tables(plan, stats, hot)
+    splits = options_of_plan(plan.splits, stats, hot)
     choices, g = choices_from_plan(plan, topo)
 
     def make(c, gg) -> plans.Plan:
-        return to_plan(stats, c, topo, gg, module=plan.module)
+        return to_plan(stats, c, topo, gg, module=plan.module, splits=splits)
 
     other = "base" if g.pipeline == "sparse-dist" else "sparse-dist"
     out = [(f"pipeline {other}", make(choices, dataclasses.replace(g, pipeline=other)))]
