@@ -14,7 +14,9 @@ shards ("own"), sits on the same host as a shard ("remote_intra") or on another 
 
 A collective's bytes are charged where it is unbalanced: a table-wise or column-wise shard's rank
 receives every rank's ids and output gradients and sends its outputs (ids spread over many owners
-leave the senders even), row-wise shards their even share.
+leave the senders even), row-wise shards their even share. On CPU (gloo) they are charged at both
+ends, as each rank's own CPU copies what it sends and what it receives (`kernels.both_ends`): the
+other ranks of the shard's host pay for their side too.
 
 Two caches keep it incremental: resource *counts* per (table stats, option class) (`counts`) and
 *terms* (counts × coefficients) per (stats, class, coefficients, precision). A changed table's

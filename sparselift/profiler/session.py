@@ -24,7 +24,9 @@ rewrites the manifest with their `steady_step_s`; training that ends first keeps
 (`finish()` or leaving the `with` block gathers it; without either, the manifest keeps
 `steady_step_s: []`). On CPU the embedding kernels' own seconds are timed too, from the window's
 first step to the last steady step (`lookup_timer.py`: the window slows the kernels less than the
-rest of a step), and gathered with the steady steps into the manifest's `lookup_s`.
+rest of a step; two clock reads a kernel call are all that stays attached after the window, and
+they go with the last steady step), and gathered with the steady steps into the manifest's
+`lookup_s`.
 `execution_trace=True` also records torch's ExecutionTraceObserver (`rank<R>.et.json`, op
 dependencies joinable to the Kineto trace); it is off by default because it costs disk space and
 slows the steps after the window (benchmarks/bench_profiler_overhead.py).
