@@ -26,8 +26,9 @@ ID_BYTES, LENGTH_BYTES, FLOAT_BYTES = 8, 4, 4  # an id, a bag length, an embeddi
 
 def both_ends(device: str) -> bool:
     """Whether a distribution's bytes cost a rank at both ends, sent and received: on CPU (gloo
-    between ranks of a host), whose ranks' own CPUs copy both; NCCL's links carry both directions
-    at once (`benchmarks/bench_dist_calls.py` measures gloo's)."""
+    between ranks of a host), whose ranks' own CPUs copy both, so the same bytes take about as
+    long balanced as all one way (`benchmarks/bench_dist_calls.py`: 1.0-1.35x across runs,
+    where charging the sender alone says 1.9x); NCCL's links carry both directions at once."""
     return device != "cuda"
 
 

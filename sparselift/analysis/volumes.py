@@ -6,8 +6,8 @@ counting them exactly as the optimizer's cost model does (`sparselift.optimizer.
 the fitted per-byte costs mean the same thing in both places.
 
 On gloo a rank's own CPU copies every byte it sends and every byte it receives (between ranks of
-one host an all-to-all takes as long with all its bytes going one way as with half each way:
-`benchmarks/bench_dist_calls.py`), so there an all-to-all's bytes count at both ends. On NCCL
+one host an all-to-all takes about as long with nearly all its bytes going one way as with half
+each way, `kernels.both_ends`), so there an all-to-all's bytes count at both ends. On NCCL
 the links carry both directions at once, and the bytes count where a shard's rank is unbalanced.
 """
 
