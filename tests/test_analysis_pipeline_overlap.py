@@ -29,8 +29,10 @@ FIX = Path(__file__).parent / "fixtures" / "profile_tiny_table_wise"
 MS = 1e-3
 # Added to every step of one sparse-dist run. On a 2-core host shared with other jobs, plain
 # sparse-dist runs of tiny measured steps of 9–22 ms and overheads of 0–5 ms from one run to the
-# next; runs 60 ms slower measured 61–66 ms more overhead, 40 ms slower 28–44 ms (a rank woken
-# from its sleep may wait for a core, and its peer's input_dist for it): a third of the delay.
+# next; runs 60 ms slower measured 61–83 ms more overhead, 40 ms slower 28–44 ms (a rank woken
+# from its sleep may wait for a core, and its peer's input_dist for it). Below: a third of the
+# delay. Above: the two ranks sleep once each per step, so their sleeps, had they not overlapped
+# at all, add at most twice the delay.
 DELAY_S, DELAY_TOLERANCE_S = 0.060, 0.020
 
 
@@ -136,7 +138,7 @@ def test_an_injected_per_step_cost_is_measured_as_the_pipelines_overhead(pipelin
     assert exposed_input_dist(sd)["input_dist_s"].gt(0).all() and fit.exposed_s > 0
     # the delay is no input_dist: it comes back as overhead, not as less hidden
     added = slower.overhead_s - fit.overhead_s
-    assert added == pytest.approx(DELAY_S, abs=DELAY_TOLERANCE_S), (fit, slower)
+    assert DELAY_S - DELAY_TOLERANCE_S <= added <= 2 * DELAY_S, (fit, slower)
     assert slower.exposed_s - fit.exposed_s < DELAY_TOLERANCE_S, (fit, slower)
     for f in (fit, slower):  # the net saving counted on: never above the interval's low end
         net = f.overlap * f.input_dist_s - f.overhead_s
