@@ -4,13 +4,15 @@ The split features are routed in at most four groups (by lookup table: hot/cold 
 of tables up to `LOOKUP_TABLE_MAX_ROWS` rows; beyond: hot/cold by binary search, row ranges in 2
 parts, in more; column slices are only checked), each with a fixed number of vectorized ops over
 all of its ids, so that the cost of a batch does not grow with the number of split features.
-Every id becomes a code, n_parts × its row in its part + its part, and one FBGEMM bucketize of
-the codes splits the ids by part, keeps each bag's order and counts each bag's ids per part.
-A lookup-table group gathers each feature's codes from its own table's rows of one table of
-every row (`looked_up`): one small op a feature, which also checks the range, and 32-bit codes,
-which bucketize divides several times faster than 64-bit ones. The other groups check the range
-(the ids' minimum and each feature's maximum, one foreach op) and compute the codes
-(`id_codes`) from per-id parameters.
+Every id becomes a code, n_parts × its row in its part + its part. Two parts are split by
+`partition` (a cumulative sum and a scatter); more by one FBGEMM bucketize of the codes
+(`bucketed`), which keeps each bag's order and counts each bag's ids per part. A lookup-table
+group gathers each feature's codes from its own table's rows of one table of every row
+(`looked_up`): one small op a feature, which also checks the range, and 32-bit codes, which
+bucketize divides several times faster than 64-bit ones. The other groups check the range (the
+ids' minimum and each feature's maximum, one foreach op); a two-part row-range group then
+compares each feature's ids with its boundary, the others compute the codes (`id_codes`) from
+per-id parameters.
 """
 
 from __future__ import annotations
@@ -134,10 +136,8 @@ def looked_up(g: Group, lut: torch.Tensor, feature_ids: list[torch.Tensor]) -> t
 
 def id_codes(g: Group, tables: Tables, ids: torch.Tensor, per_id: torch.Tensor) -> torch.Tensor:
     """Each id as n_parts * (its row in its part) + its part (`per_id`: its `Group.params`
-    entry, reused), for the groups other than LOOKUP (`looked_up`)."""
-    if g.kind == RANGES_2:
-        upper = ids >= per_id
-        return torch.where(upper, per_id.neg_().add_(ids).mul_(2).add_(1), ids.long() * 2)
+    entry, reused), for HOT_SEARCH and RANGES_N (LOOKUP: `looked_up`; RANGES_2 compares each
+    feature's ids with its boundary instead)."""
     key = per_id.add_(ids)  # the id in the group's lookup space
     if g.kind == HOT_SEARCH:
         cold = ids.long() * 2 + 1

@@ -12,8 +12,9 @@ order within each bag, so pooling sums the same ids.
 
 Its cost must not grow with the number of split features: the ids are routed in a few groups,
 each with a fixed number of vectorized ops over all of its ids (`routing`; a lookup-table group
-adds one small gather a feature), and the output is one concatenation of slices,
-in output order.
+adds one small gather a feature, a two-part row-range group one comparison a feature), and the
+output is one buffer that each block is written into, in output order (a two-part group's ids
+scattered straight there: `partition`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from typing import Any, NoReturn
 import torch
 
 from sparselift.plans.errors import PlanError
+from sparselift.plans.partition import Partition, partition
 from sparselift.plans.routing import (
     COLUMNS,
     LOOKUP,
+    RANGES_2,
     ROUTED,
     Group,
     Stream,
@@ -99,7 +102,7 @@ class BatchTransform:
         offsets = [0]
         for n in sizes:
             offsets.append(offsets[-1] + n)
-        streams = [Stream(values, weights, lengths, offsets)]
+        routes: list[Stream | Partition] = [Stream(values, weights, lengths, offsets)]
         tables = self._device_tables(values.device, values.dtype)
         for g in prog.groups:
             wts = None
@@ -114,6 +117,17 @@ class BatchTransform:
                     self._raise_outside(prog, values, offsets)
                 if g.kind == COLUMNS:
                     continue
+            lens = slices(lengths, [(x * stride, y * stride) for x, y in g.runs])
+            n_feat = len(g_sizes)
+            if g.kind == RANGES_2:  # part: at or past the boundary; placed, less the boundary
+                part = torch.empty(ids.numel(), dtype=torch.int32, device=ids.device)
+                at = 0
+                for b, n in zip(g.params, g_sizes, strict=True):
+                    torch.ge(ids[at : at + n], b, out=part[at : at + n])
+                    at += n
+                shift = [0] * n_feat + list(g.params)
+                routes.append(partition(part, ids, wts, lens, n_feat, stride, shift))
+                continue
             if g.kind == LOOKUP:
                 feature_ids = [values[offsets[i] : offsets[i + 1]] for i in g.features]
                 codes = looked_up(g, tables.lut, feature_ids)
@@ -121,22 +135,17 @@ class BatchTransform:
                     self._raise_outside(prog, values, offsets)
             else:
                 codes = id_codes(g, tables, ids, per_id(g.params, g_sizes, ids))
-            lens = slices(lengths, [(x * stride, y * stride) for x, y in g.runs])
-            stream = bucketed(codes, g.n_parts, lens, wts, len(g_sizes), stride)
-            streams.append(stream)
-        v_out, n_out, w_out = [], [], []
-        for s, a, b in prog.blocks:
-            st = streams[s]
-            v_out.append(st.values[st.prefix[a] : st.prefix[b]])
-            n_out.append(st.counts[a * stride : b * stride])
-            if st.weights is not None:
-                w_out.append(st.weights[st.prefix[a] : st.prefix[b]])
+            if g.n_parts == 2:  # code = 2 × row + part
+                placed = torch.empty(codes.numel(), dtype=values.dtype, device=codes.device)
+                torch.bitwise_right_shift(codes, 1, out=placed)
+                shift = [0] * (2 * n_feat)
+                routes.append(partition(codes & 1, placed, wts, lens, n_feat, stride, shift))
+            else:
+                routes.append(bucketed(codes, g.n_parts, lens, wts, n_feat, stride))
         return KeyedJaggedTensor(
             keys=self._out_keys(keys),
-            values=torch.cat(v_out).to(values.dtype) if v_out else values[:0],
-            lengths=torch.cat(n_out) if n_out else lengths[:0],
-            weights=torch.cat(w_out) if weights is not None and w_out else None,
             stride=stride,
+            **_assembled(routes, prog.blocks, values, weights, stride),
         )
 
     def batch(self, batch: Any) -> Any:
@@ -278,3 +287,30 @@ class BatchTransform:
                     f"{int(bad.min())}..{int(bad.max())} outside the table's rows 0..{rows - 1}",
                 )
         raise AssertionError("called for a batch with no id outside its table")
+
+
+def _assembled(
+    routes: list[Stream | Partition],
+    blocks: list[tuple[int, int, int]],
+    values: torch.Tensor,
+    weights: torch.Tensor | None,
+    stride: int,
+) -> dict[str, torch.Tensor | None]:
+    """The output's values, lengths and weights: each block (route, first member, end member)
+    written in place into one buffer, in output order (the input's dtypes)."""
+    spans = [routes[r].prefix[b] - routes[r].prefix[a] for r, a, b in blocks]
+    out_v = values.new_empty(sum(spans))
+    out_w = None if weights is None else weights.new_empty(sum(spans))
+    lens, at = [], 0
+    for (r, a, b), n in zip(blocks, spans, strict=True):
+        route, v, w = routes[r], out_v[at : at + n], None if out_w is None else out_w[at : at + n]
+        if isinstance(route, Partition):
+            route.write(v, w, a, b)
+        else:
+            v.copy_(route.values[route.prefix[a] : route.prefix[b]])
+            if w is not None and route.weights is not None:
+                w.copy_(route.weights[route.prefix[a] : route.prefix[b]])
+        lens.append(route.counts[a * stride : b * stride])
+        at += n
+    lengths = torch.cat(lens) if lens else routes[0].counts[:0]
+    return {"values": out_v, "lengths": lengths, "weights": out_w}
