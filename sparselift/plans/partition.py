@@ -4,7 +4,7 @@ Every split kind but a row-range split in three or more parts routes each id to 
 parts. Their ids are partitioned without a division per id: an id of part 0 goes after the
 part-0 ids before it, an id of part 1 after every part-0 id and the part-1 ids before it. One
 cumulative sum gives both positions and one scatter places each id, straight into the
-transform's output where the group's parts are one block of it. Each bag's part-1 count is the
+transform's output where the group's stream is one block of it. Each bag's part-1 count is the
 sum's rise across the bag, so no per-part pass over the ids is needed.
 """
 
@@ -41,29 +41,21 @@ class Partition:
     shift: list[int]
     _stream: Stream | None = None
 
-    def write(self, out_v: torch.Tensor, out_w: torch.Tensor | None, a: int, b: int) -> None:
-        """Write members [a, b) of the stream into `out_v` (and `out_w`), views of exactly
-        their length: scattered there when they are the whole stream, else copied from the
-        stream, placed once."""
-        if (a, b) == (0, len(self.prefix) - 1):
-            self._place(out_v, out_w)
-            return
-        s = self.stream()
-        lo, hi = self.prefix[a], self.prefix[b]
-        out_v.copy_(s.values[lo:hi])
-        if out_w is not None and s.weights is not None:
-            out_w.copy_(s.weights[lo:hi])
+    def whole(self, a: int, b: int) -> bool:
+        """Whether members [a, b) are the whole stream."""
+        return (a, b) == (0, len(self.prefix) - 1)
 
     def stream(self) -> Stream:
         """The stream, placed in a buffer of its own (once)."""
         if self._stream is None:
             v = torch.empty_like(self.ids)
             w = None if self.weights is None else torch.empty_like(self.weights)
-            self._place(v, w)
+            self.place(v, w)
             self._stream = Stream(v, w, self.counts, self.prefix)
         return self._stream
 
-    def _place(self, out_v: torch.Tensor, out_w: torch.Tensor | None) -> None:
+    def place(self, out_v: torch.Tensor, out_w: torch.Tensor | None) -> None:
+        """Scatter the stream into `out_v` (and its weights into `out_w`), of its length."""
         out_v.scatter_(0, self.pos, self.ids)
         if out_w is not None and self.weights is not None:
             out_w.scatter_(0, self.pos, self.weights)
@@ -95,19 +87,20 @@ def partition(
     n = ids.numel()
     idx = torch.int32 if n < INT32_CODES else torch.int64
     part = part.to(idx)
-    ones = torch.cumsum(part, 0, dtype=idx)  # part-1 ids up to and with each id
-    n0 = n - (int(ones[-1]) if n else 0)
-    at = torch.arange(n, dtype=idx, device=ids.device)
-    # part 0: at − ones; part 1: n0 + ones − 1 = at − ones + (n0 − 1 + 2·ones − at)
-    neg = torch.add(at, ones, alpha=-2).sub_(n0 - 1).mul_(part)
-    pos = at.sub_(ones).sub_(neg).long()
-    if n:
-        last = lens.cumsum(0).sub_(1)  # each bag's last id
-        ones_to = ones[last.clamp(min=0)].mul_(last >= 0)
-        per_bag_1 = torch.diff(ones_to, prepend=ones_to.new_zeros(1)).to(lens.dtype)
-    else:
-        per_bag_1 = torch.zeros_like(lens)
-    counts = torch.cat([lens - per_bag_1, per_bag_1])
+    ones_before = torch.zeros(n + 1, dtype=idx, device=ids.device)  # part-1 ids before each id
+    ones = torch.cumsum(part, 0, dtype=idx, out=ones_before[1:])  # … up to and with it
+    n0 = n - int(ones_before[-1])
+    # part 0: the part-0 ids before it, at − ones; part 1: n0 + ones − 1
+    zeros_before = torch.arange(n, dtype=idx, device=ids.device).sub_(ones)
+    to_part_1 = torch.sub(ones, zeros_before).add_(n0 - 1).mul_(part)
+    pos = zeros_before.add_(to_part_1).long()
+    bag_starts = lens.new_zeros(lens.numel() + 1)
+    torch.cumsum(lens, 0, out=bag_starts[1:])
+    ones_at = ones_before[bag_starts]  # each bag's part-1 count: the rise across it
+    counts = lens.new_empty(2 * lens.numel())
+    n_bags = lens.numel()
+    torch.sub(ones_at[1:], ones_at[:-1], out=counts[n_bags:])
+    torch.sub(lens, counts[n_bags:], out=counts[:n_bags])
     per_member = counts.view(2 * n_features, stride).sum(1).tolist()
     prefix = [0]
     for c in per_member:

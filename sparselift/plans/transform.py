@@ -136,10 +136,10 @@ class BatchTransform:
             else:
                 codes = id_codes(g, tables, ids, per_id(g.params, g_sizes, ids))
             if g.n_parts == 2:  # code = 2 × row + part
-                placed = torch.empty(codes.numel(), dtype=values.dtype, device=codes.device)
-                torch.bitwise_right_shift(codes, 1, out=placed)
+                part = codes & 1
+                placed = codes.to(values.dtype).bitwise_right_shift_(1)  # codes: ours to reuse
                 shift = [0] * (2 * n_feat)
-                routes.append(partition(codes & 1, placed, wts, lens, n_feat, stride, shift))
+                routes.append(partition(part, placed, wts, lens, n_feat, stride, shift))
             else:
                 routes.append(bucketed(codes, g.n_parts, lens, wts, n_feat, stride))
         return KeyedJaggedTensor(
@@ -296,21 +296,37 @@ def _assembled(
     weights: torch.Tensor | None,
     stride: int,
 ) -> dict[str, torch.Tensor | None]:
-    """The output's values, lengths and weights: each block (route, first member, end member)
-    written in place into one buffer, in output order (the input's dtypes)."""
+    """The output's values, lengths and weights, blocks (route, first member, end member) in
+    output order, in the input's dtypes: one buffer, a whole two-part group's stream scattered
+    straight into its place, the blocks between concatenated into theirs."""
     spans = [routes[r].prefix[b] - routes[r].prefix[a] for r, a, b in blocks]
     out_v = values.new_empty(sum(spans))
     out_w = None if weights is None else weights.new_empty(sum(spans))
-    lens, at = [], 0
+    v_run: list[torch.Tensor] = []
+    w_run: list[torch.Tensor] = []
+    lens, start, at = [], 0, 0
+
+    def flush(end: int) -> None:
+        if v_run:
+            torch.cat(v_run, out=out_v[start:end])
+        if w_run and out_w is not None:
+            torch.cat(w_run, out=out_w[start:end])
+        v_run.clear()
+        w_run.clear()
+
     for (r, a, b), n in zip(blocks, spans, strict=True):
-        route, v, w = routes[r], out_v[at : at + n], None if out_w is None else out_w[at : at + n]
-        if isinstance(route, Partition):
-            route.write(v, w, a, b)
-        else:
-            v.copy_(route.values[route.prefix[a] : route.prefix[b]])
-            if w is not None and route.weights is not None:
-                w.copy_(route.weights[route.prefix[a] : route.prefix[b]])
+        route = routes[r]
         lens.append(route.counts[a * stride : b * stride])
+        if isinstance(route, Partition) and route.whole(a, b):
+            flush(at)
+            route.place(out_v[at : at + n], None if out_w is None else out_w[at : at + n])
+            start = at + n
+        else:
+            s = route.stream() if isinstance(route, Partition) else route
+            v_run.append(s.values[s.prefix[a] : s.prefix[b]])
+            if s.weights is not None:
+                w_run.append(s.weights[s.prefix[a] : s.prefix[b]])
         at += n
+    flush(at)
     lengths = torch.cat(lens) if lens else routes[0].counts[:0]
     return {"values": out_v, "lengths": lengths, "weights": out_w}
