@@ -212,7 +212,7 @@ def assert_matches_reference(
     "max_rows", [None, 0, 20, "int64"], ids=["lookup-table", "search", "both", "int64-codes"]
 )
 def test_transform_equals_the_per_bag_reference(seed, max_rows, monkeypatch):
-    if max_rows == "int64":  # codes past 32 bits: the lookup table stays 64-bit
+    if max_rows == "int64":  # codes (and the partition's positions) past 32 bits: 64-bit
         monkeypatch.setattr(routing, "INT32_CODES", 0)
     elif max_rows is not None:  # split tables of more rows are searched or compared
         monkeypatch.setattr(routing, "LOOKUP_TABLE_MAX_ROWS", max_rows)

@@ -14,7 +14,8 @@ import dataclasses
 
 import torch
 
-from sparselift.plans.routing import INT32_CODES, Stream
+from sparselift.plans import routing
+from sparselift.plans.routing import Stream
 
 
 @dataclasses.dataclass
@@ -85,7 +86,7 @@ def partition(
         shift: per member (2 × n_features), subtracted from its ids once placed.
     """
     n = ids.numel()
-    idx = torch.int32 if n < INT32_CODES else torch.int64
+    idx = torch.int32 if n < routing.INT32_CODES else torch.int64  # positions' dtype
     part = part.to(idx)
     ones_before = torch.zeros(n + 1, dtype=idx, device=ids.device)  # part-1 ids before each id
     ones = torch.cumsum(part, 0, dtype=idx, out=ones_before[1:])  # … up to and with it
