@@ -1,7 +1,8 @@
 """The two-part stable partition of a routed group's ids, for `transform.BatchTransform`.
 
-Every split kind but a row-range split in three or more parts routes each id to one of two
-parts. Their ids are partitioned without a division per id: an id of part 0 goes after the
+A hot/cold split and a row-range split in two parts route each id to one of two parts (a group
+that holds a split in more parts goes through FBGEMM's bucketize: `routing.bucketed`). Their
+ids are partitioned without a division per id: an id of part 0 goes after the
 part-0 ids before it, an id of part 1 after every part-0 id and the part-1 ids before it. One
 cumulative sum gives both positions and one scatter places each id, straight into the
 transform's output where the group's stream is one block of it. Each bag's part-1 count is the
