@@ -103,8 +103,5 @@ def partition(
     n_bags = lens.numel()
     torch.sub(ones_at[1:], ones_at[:-1], out=counts[n_bags:])
     torch.sub(lens, counts[n_bags:], out=counts[:n_bags])
-    per_member = counts.view(2 * n_features, stride).sum(1).tolist()
-    prefix = [0]
-    for c in per_member:
-        prefix.append(prefix[-1] + c)
-    return Partition(ids, weights, pos, counts, prefix, shift)
+    starts = routing.member_starts(counts, 2 * n_features, stride)
+    return Partition(ids, weights, pos, counts, starts, shift)

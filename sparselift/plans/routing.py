@@ -169,11 +169,17 @@ def bucketed(
     if wts is not None and w32 is None:  # other weights: by the positions, bucketized alike
         at = torch.arange(codes.numel(), dtype=codes.dtype, device=codes.device)
         new_wts = wts[bucketize(lens_c, at.mul_(n_parts).add_(codes % n_parts), False, n_parts)[1]]
-    per_feature = new_lens.view(n_parts * n_features, stride).sum(1).tolist()
+    starts = member_starts(new_lens, n_parts * n_features, stride)
+    return Stream(new_ids, new_wts, new_lens.to(lens.dtype), starts)
+
+
+def member_starts(counts: torch.Tensor, n_members: int, stride: int) -> list[int]:
+    """Each member's first index in a stream of per-bag `counts` (`stride` bags a member, member
+    after member), then the stream's length."""
     prefix = [0]
-    for n in per_feature:
+    for n in counts.view(n_members, stride).sum(1).tolist():
         prefix.append(prefix[-1] + n)
-    return Stream(new_ids, new_wts, new_lens.to(lens.dtype), prefix)
+    return prefix
 
 
 def slices(x: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
