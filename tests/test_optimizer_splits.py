@@ -19,13 +19,13 @@ from split_helpers import BATCH, split_coeffs, split_hot_ids, split_tables
 
 from sparselift import plans
 from sparselift.errors import UserError
-from sparselift.optimizer.coefficients import MEASURED, Linear, from_topology
+from sparselift.optimizer.coefficients import MEASURED, Linear, coefficients, from_topology
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.feasibility import feasible_classes, part_classes
 from sparselift.optimizer.optimize import Inputs, optimize
 from sparselift.optimizer.problem import Problem
 from sparselift.optimizer.profile_input import read_profile
-from sparselift.optimizer.robust import RISK_TOLERANCE
+from sparselift.optimizer.robust import RISK_TOLERANCE, split_margin
 from sparselift.optimizer.solver import solve
 from sparselift.optimizer.space import DP, TW, PlanWide
 from sparselift.optimizer.split_options import (
@@ -84,6 +84,39 @@ def test_a_split_is_chosen_exactly_when_the_model_says_it_pays(transform_b_s, re
     want = [(o.plan_names, o.hot_ids, o.ranges) for o in opts["heavy"] if o.part_names == cheapest]
     assert chosen == want
     assert res.cost.step_time_s == pytest.approx(best[cheapest], rel=1e-6)
+
+
+def test_a_split_is_taken_only_past_the_calibrations_held_out_error():
+    # a rewrite no profile ran: predicted faster by less than the model is measured to miss a
+    # plan it was not fitted on, the plan without splits stands; by more, the split is taken
+    topo = preset("cpu-gloo", 2)
+    stats = split_tables()
+    coeffs = split_coeffs(topo, 1e-12)
+    hot = {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)}
+    opts = {k: v for k, v in split_options(stats, 2, hot).items() if k == "heavy"}
+    best = _best_per_way(stats, opts, CostModel(topo, BATCH, coeffs))
+    gain = best[("heavy",)] / min(best.values())
+    assert gain > 1.01  # the case: a split the model says pays
+    for error, split in ((gain - 1 + 0.005, False), (gain - 1 - 0.005, True)):
+        inp = Inputs(stats, topo, BATCH, coeffs.replace(held_out_error=error), splits=opts)
+        res = optimize(inp, time_limit_s=20, min_gain=0.0)
+        assert bool(res.plan.splits) == split
+        assert any(n.startswith("no splits: the best plan with splits") for n in res.notes) != split
+        want = min(best.values()) if split else best[("heavy",)]
+        assert res.cost.step_time_s == pytest.approx(want, rel=1e-6)
+    # no leave-one-out error measured: --min-gain is the margin
+    assert split_margin(coeffs, 0.1) == (0.1, "--min-gain: no leave-one-out error measured")
+
+
+def test_the_held_out_error_is_the_calibrations_largest_leave_one_out_miss():
+    topo = preset("cpu-gloo", 2)
+    cal: dict = {"device": "cpu", "ops": {"input_dist": {"x": "bytes", "a_s": 1e-4, "b_s": 1e-9}}}
+    assert coefficients(topo, cal).held_out_error is None  # one profile: not measured
+    runs = [("a", 0.100, 0.104), ("b", 0.200, 0.188), ("c", 1.0, 1.0)]
+    cal["held_out"] = [
+        {"profile": p, "measured_step_s": m, "predicted_step_s": q} for p, m, q in runs
+    ]
+    assert coefficients(topo, cal).held_out_error == pytest.approx(0.06)
 
 
 def test_the_optimizers_split_plan_is_a_valid_format_2_plan_and_repeats_byte_for_byte():

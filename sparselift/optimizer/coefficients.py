@@ -102,6 +102,9 @@ class Coefficients:
     # per coefficient (COEFFICIENT_NAMES order): (name, MEASURED or ASSUMED, profile or preset);
     # a tuple so that Coefficients stays hashable
     evidence: tuple[tuple[str, str, str], ...] = ()
+    # the calibration's largest leave-one-out error, |predicted − measured| ÷ measured over its
+    # profiles: how well the model predicts a plan it was not fitted on (None: not measured)
+    held_out_error: float | None = None
 
     def replace(self, **kw: Any) -> Coefficients:
         """A copy with the fields in `kw` replaced; their evidence is left as it was (callers
@@ -325,7 +328,8 @@ def coefficients(
     piped = tuple(k for k in PIPELINE_NAMES if k in kw)
     if piped and cal.pipeline_profiles:  # measured on the plan's two profiles, one per pipeline
         measured = measured.with_evidence(MEASURED, " + ".join(cal.pipeline_profiles), piped)
-    return measured.replace(profiled_types=profiled)
+    held = max((abs(h.error) for h in cal.held_out), default=None)
+    return measured.replace(profiled_types=profiled, held_out_error=held)
 
 
 PIPELINE_NAMES = ("pipeline_overlap", "pipeline_overhead_s")

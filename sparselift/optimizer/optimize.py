@@ -29,6 +29,7 @@ from sparselift.optimizer.robust import (
     gate_precision,
     pipeline_measured,
     solve_without_dominated,
+    split_margin,
     torchrec_agrees,
 )
 from sparselift.optimizer.space import Choice, OptionClass, PlanWide
@@ -161,7 +162,8 @@ def optimize(
     splits = {} if two else inp.splits
     if two and inp.splits:
         notes.append("no splits: TorchRec's estimator, which what-if plans answer to, has none")
-    by_name = {s.name: s for s in (*inp.stats, *part_stats(splits))}
+    by_model = {s.name: s for s in inp.stats}
+    by_name = {**by_model, **{s.name: s for s in part_stats(splits)}}
     base = CheapestBaseline(model, by_name, (baseline, *other_baselines), pending_baselines)
     book = PriceBook(inp.stats, inp.topo, inp.batch_size)
     t0 = time.perf_counter()
@@ -214,6 +216,14 @@ def optimize(
                 return model.evaluate(by_name, s.choices, w).step_time_s
 
             sol = split if step(split) < step(plain) else plain
+            margin, why = split_margin(inp.coeffs, min_gain)
+            gain = step(plain) / step(split)
+            if set(split.choices) - set(by_model) and gain < 1.0 + margin:
+                sol = plain
+                notes.append(
+                    f"no splits: the best plan with splits was predicted {gain - 1:.1%} faster "
+                    f"than the best without, not the {margin:.1%} a rewrite needs ({why})"
+                )
         return sol, (two_model[-1] if two_model else model)
 
     if not pipeline_measured(inp.coeffs):

@@ -22,6 +22,9 @@ Three rules, applied around the solve (`optimize`):
   (`pipeline_measured`); 16-bit collectives only when the quantize cost and the bytes' cost
   were measured (`precision_measured`) or, planning for unprofiled hardware, when TorchRec's
   estimator also rates the plan faster at 16 bits (`optimize`).
+* *A rewrite only past the model's error.* No profile has run a split the plan would make, so a
+  plan with splits is taken over the best plan without only when it is predicted faster by more
+  than the model is measured to miss a plan it was not fitted on (`split_margin`).
 """
 
 from __future__ import annotations
@@ -337,3 +340,17 @@ def torchrec_agrees(
 def model_stats(inp: Any) -> dict[str, TableStats]:
     """The inputs' tables by name."""
     return {s.name: s for s in inp.stats}
+
+
+def split_margin(coeffs: Coefficients, min_gain: float) -> tuple[float, str]:
+    """The share by which a plan with splits must be predicted faster than the best plan without
+    to be taken, and where that share comes from.
+
+    Args:
+        coeffs: the coefficients planned with; their `held_out_error` (the calibration's largest
+            leave-one-out error) is the margin where it was measured.
+        min_gain: the margin otherwise (`optimize --min-gain`: the error assumed).
+    """
+    if coeffs.held_out_error is not None:
+        return coeffs.held_out_error, "the calibration's largest leave-one-out error"
+    return min_gain, "--min-gain: no leave-one-out error measured"
