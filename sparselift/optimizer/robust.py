@@ -1,6 +1,6 @@
 """Robust where evidence is missing: which options a plan may use, and which it should avoid.
 
-Three rules, applied around the solve (`optimize`):
+Four rules, applied around the solve (`optimize`):
 
 * *No dominated UVM caching.* UVM caching only saves HBM, and its miss cost is ≥ 0, so where a
   table's fused option fits it buys nothing. The solve first runs without UVM classes
