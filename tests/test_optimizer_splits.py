@@ -219,6 +219,17 @@ def test_on_random_workloads_splits_on_offer_never_price_a_plan_higher(seed):
         steps.append(res.cost.step_time_s)
     # risky parts (assumed costs) cost the secondary objective at most RISK_TOLERANCE
     assert steps[1] <= steps[0] * (1 + RISK_TOLERANCE)
+    # the split model's costs measured and nearly free: splits pay on these shapes, and are taken
+    # where the model is measured to miss by nothing; measured to miss by more than any split
+    # gains, none is, and the plan is the one without splits on offer
+    cheap = split_coeffs(topo, 1e-12)
+    plain = optimize(Inputs(stats, topo, BATCH, cheap), time_limit_s=60, mode="exact")
+    for error in (0.0, 1.0):
+        inp = Inputs(stats, topo, BATCH, cheap.replace(held_out_error=error), splits=offered)
+        res = optimize(inp, time_limit_s=60, mode="exact")
+        assert bool(res.plan.splits) == (error == 0.0)
+        if error:
+            assert res.cost.step_time_s == pytest.approx(plain.cost.step_time_s, rel=1e-6)
 
 
 def test_a_split_plan_is_priced_again_as_it_was_planned_and_seeds_a_new_solve():
