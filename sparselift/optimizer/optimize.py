@@ -216,10 +216,10 @@ def optimize(
                 w = PlanWide(wide.forward, wide.backward, s.pipeline)
                 return model.evaluate(by_name, s.choices, w).step_time_s
 
-            sol = split if step(split) < step(plain) else plain
-            margin, why = split_margin(inp.coeffs, min_gain)
             gain = step(plain) / step(split)
-            if set(split.choices) - set(by_model) and gain < 1.0 + margin:
+            sol = split if gain > 1.0 else plain
+            margin, why = split_margin(inp.coeffs, min_gain)
+            if set(split.choices) - set(by_model) and 1.0 < gain < 1.0 + margin:
                 sol = plain
                 notes.append(
                     f"no splits: the best plan with splits was predicted {gain - 1:.1%} faster "
