@@ -156,6 +156,40 @@ def test_pipeline_is_sparse_dist_when_a_calibration_measured_an_overlap_that_pay
     }
 
 
+@pytest.mark.parametrize(
+    ("runs", "field", "dear"),
+    [
+        ({"comm_precision": {"forward": "fp16", "backward": "fp16"}}, "quantize_b_s", 1e-8),
+        ({"pipeline": "sparse-dist"}, "pipeline_overhead_s", 0.005),
+    ],
+    ids=["16-bit", "sparse-dist"],
+)
+def test_a_kept_profiled_plan_drops_an_option_only_where_measured_not_to_pay(runs, field, dear):
+    # The profiled plan runs an option that costs more than it saves. Nothing beats the plan by
+    # min_gain, so it is kept as it is: without the option where profiles measured that cost,
+    # with it where they did not (dropping it then would be a choice without evidence too).
+    from sparselift.optimizer.torchrec_baseline import torchrec_baseline_plan
+
+    topo = preset("cpu-gloo", 2)
+    base = torchrec_baseline_plan(TABLES, topo, 1024)  # fp32, base pipeline
+    current = plans.Plan.from_dict({**base.to_dict(), **runs}, "test")
+    measured = {  # what each option's pay-off is measured from
+        "quantize_b_s": ("quantize_b_s", "output_dist_fwd", "output_dist_bwd"),
+        "pipeline_overhead_s": ("pipeline_overlap", "pipeline_overhead_s"),
+    }[field]
+    k = coefficients(topo).replace(pipeline_overlap=0.0, **{field: dear})
+    for evidence, kept in ((k.with_evidence("measured", "p", measured), base), (k, current)):
+        res = optimize(
+            Inputs(TABLES, topo, 1024, evidence), time_limit_s=5, min_gain=10.0, current=current
+        )
+        assert res.kept_baseline and res.plan.tables == current.tables
+        assert (res.plan.comm_precision, res.plan.pipeline) == (
+            kept.comm_precision,
+            kept.pipeline,
+        )
+        assert any("measured not to pay" in line for line in res.notes) == (kept is base)
+
+
 # ----------------------------------------------------------------------------- precision gate
 def test_sixteen_bit_needs_measured_costs_or_torchrec_agreement():
     topo = preset("h100x8", 16)

@@ -109,6 +109,11 @@ def test_a_split_plans_profile_is_of_the_same_job_and_fitted_with_the_unsplit_on
     doc = json.loads(p.read_text())
     assert doc["provenance"]["profile"] == str(a)
     assert doc["provenance"]["profiles"] == [str(b), str(a)]
+    # --splits off: the split plan in force is not kept as it is, however little a change gains
+    argv = ["optimize", "--profile", str(b), "--profile", str(a), "--splits", "off"]
+    code, out, _ = cli(*argv, "--min-gain", "100", "--out", str(p))
+    assert code == 0, out
+    assert "--splits is off" in out and not json.loads(p.read_text()).get("splits")
 
     # a split profile of another model is still another job's
     mb["model_tables"][3]["num_embeddings"] += 1

@@ -228,6 +228,9 @@ def run_optimize(args: argparse.Namespace) -> int:
 
     _check_flags(args)  # before TorchRec's planner runs and the solve
     inp, in_force = _inputs(args)
+    if args.splits == "off" and in_force is not None and in_force.splits:
+        print("the profiled plan has splits and --splits is off: it is not kept as it is")
+        in_force = None
     topo = inp.topo
     print(
         f"planning {len(inp.stats)} tables for {topo.world_size} ranks ({topo.num_hosts} host(s), "

@@ -27,6 +27,7 @@ from sparselift.optimizer.planio import choices_from_plan, statistics_digest, to
 from sparselift.optimizer.problem import Problem, Solution
 from sparselift.optimizer.robust import (
     gate_precision,
+    kept_wide,
     model_stats,
     pipeline_measured,
     solve_without_dominated,
@@ -159,6 +160,7 @@ def optimize(
         raise UserError("the workload has no tables")
     model = CostModel(inp.topo, inp.batch_size, inp.coeffs)
     plan_wide, notes, consult = gate_precision(model, choose_precision(model))
+    allowed = plan_wide  # the precision the evidence supports
     two = two_model_mode(inp.topo, inp.coeffs) if two_models is None else two_models
     splits = {} if two else inp.splits
     if two and inp.splits:
@@ -289,7 +291,10 @@ def optimize(
         notes.append(_verdicts_alone(model, book, by_name, choices, plan_wide))
     if current is not None and not two:
         cur_choices, cur_wide = choices_from_plan(current, inp.topo)
-        cur_cost = model.evaluate(plan_tables(current, inp.stats), cur_choices, cur_wide)
+        cur_tables = plan_tables(current, inp.stats)
+        cur_wide, dropped = kept_wide(model, cur_tables, cur_choices, cur_wide, allowed)
+        notes += dropped
+        cur_cost = model.evaluate(cur_tables, cur_choices, cur_wide)
         new_s = model.evaluate(by_name, choices, plan_wide).step_time_s
         ours_s = model.evaluate(by_name, ours, ours_wide).step_time_s
         gain = 1.0 + min_gain
@@ -311,8 +316,8 @@ def optimize(
             )
             ratio = cur_cost.step_time_s / new_s
             notes.append(
-                f"kept the profiled plan: the best other plan is predicted only {ratio:.3f}x "
-                f"faster, below the {1 + min_gain:.2f}x a change needs"
+                f"kept the profiled plan: the best other plan is predicted {ratio:.3f}x as "
+                f"fast, below the {1 + min_gain:.2f}x a change needs"
             )
     if kept and base_plan is not None:  # a plan kept as it is: its own splits' parts
         by_name = {**by_name, **plan_tables(base_plan, inp.stats)}
@@ -349,6 +354,7 @@ def optimize(
         plan = dataclasses.replace(
             base_plan,
             comm_precision=precision,
+            pipeline=plan_wide.pipeline,
             predicted=predicted,
             solver=solver_rec,
             provenance=provenance,

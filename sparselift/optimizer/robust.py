@@ -21,7 +21,8 @@ Four rules, applied around the solve (`optimize`):
 * *Only what is measured to pay.* The sparse-dist pipeline only when its overlap was measured
   (`pipeline_measured`); 16-bit collectives only when the quantize cost and the bytes' cost
   were measured (`precision_measured`) or, planning for unprofiled hardware, when TorchRec's
-  estimator also rates the plan faster at 16 bits (`optimize`).
+  estimator also rates the plan faster at 16 bits (`optimize`). The profiled plan, kept as it
+  is, keeps either only where no profile measured it to cost (`kept_wide`).
 * *A rewrite only past the model's error.* No profile has run a split the plan would make, so a
   plan with splits is taken over the best plan without only when it is predicted faster by more
   than the model is measured to miss a plan it was not fitted on (`split_margin`).
@@ -113,6 +114,41 @@ def precision_measured(coeffs: Coefficients, multi_host: bool) -> bool:
 def sixteen_bit(plan_wide: PlanWide) -> bool:
     """Whether either direction's collectives run at 16 bits."""
     return plan_wide.forward != "fp32" or plan_wide.backward != "fp32"
+
+
+def kept_wide(
+    model: CostModel,
+    tables: Mapping[str, TableStats],
+    choices: Mapping[str, Choice],
+    wide: PlanWide,
+    allowed: PlanWide,
+) -> tuple[PlanWide, list[str]]:
+    """The plan-wide options of a plan the optimizer weighs as it is (the profiled plan).
+
+    It keeps its shards, and its 16-bit collectives and sparse-dist pipeline unless profiles
+    measured them not to pay: 16 bits where their cost was measured and `allowed` (the
+    precision `gate_precision` settled on) is fp32; sparse-dist where its overlap was measured
+    and the model prices these shards faster under the base pipeline. What no profile measured
+    stays as the user runs it: dropping it would be a choice without evidence too.
+
+    Returns:
+        (the plan-wide options, one line per option dropped)
+    """
+    out, lines = wide, []
+    multi = model.topo.num_hosts > 1
+    if sixteen_bit(wide) and not sixteen_bit(allowed) and precision_measured(model.coeffs, multi):
+        out = PlanWide(allowed.forward, allowed.backward, wide.pipeline)
+        lines.append("the profiled plan's 16-bit collectives are measured not to pay: fp32")
+    base = PlanWide(out.forward, out.backward, "base")
+    if (
+        out.pipeline != "base"
+        and pipeline_measured(model.coeffs)
+        and model.evaluate(tables, choices, base).step_time_s
+        <= model.evaluate(tables, choices, out).step_time_s
+    ):
+        out = base
+        lines.append("the profiled plan's sparse-dist pipeline is measured not to pay: base")
+    return out, lines
 
 
 def without_uvm(classes: Mapping[str, list[OptionClass]]) -> dict[str, list[OptionClass]] | None:
