@@ -405,6 +405,31 @@ def test_profiles_at_fp32_and_fp16_price_what_16_bits_cost():
     assert out16 - out32 == pytest.approx(net * elems, rel=0.05)
 
 
+@pytest.mark.parametrize(("step_scale", "counted"), [(0.8, True), (1.0, False)])
+def test_a_16_bit_saving_is_counted_only_where_the_steps_measured_it(tmp_path, step_scale, counted):
+    # The calls say 16 bits save 0.8 ns an element. The 16-bit profile's steady steps measured
+    # faster than its fp32 twin's (same plan): the saving is counted on. Measured alike: the
+    # calls' saving is the window's noise as far as the steps can tell, and 16 bits buy nothing.
+    from test_analysis_compare import STEADY, _profile
+
+    from sparselift.analysis.joint import fit_profiles
+    from sparselift.analysis.precision_fit import measured_faster
+
+    b32, net = 3e-9, -0.8e-9
+    d32 = _profile(tmp_path, "fp32", after=STEADY)
+    d16 = _profile(tmp_path, "fp16", step_scale, after=STEADY)
+    ev = [
+        _output_dist(str(d32), 0, b32, "fp32"),
+        _output_dist(str(d16), 1, b32 + net / 4, "fp16"),
+    ]
+    assert measured_faster(ev) is counted
+    q = fit_profiles(ev).ops["qcomm_quantize"].b_s
+    assert q == (pytest.approx(net, rel=0.05) if counted else 0.0)
+    # a 16-bit profile of another plan is no twin: nothing measured
+    ev[1].manifest["sharding"] = {"t0": "row_wise"}
+    assert not measured_faster(ev)
+
+
 def test_a_calibration_without_the_pipelines_overhead_loads_with_the_presets_assumed(tmp_path):
     from sparselift.errors import UserError
     from sparselift.optimizer.coefficients import coefficients

@@ -36,7 +36,13 @@ from sparselift.analysis.pipeline_overlap import (
     fit_pipeline_overlap,
     with_pipeline,
 )
-from sparselift.analysis.precision_fit import QCOMM, at_precision, fit_qcomm, split_by_precision
+from sparselift.analysis.precision_fit import (
+    QCOMM,
+    at_precision,
+    fit_qcomm,
+    measured_faster,
+    split_by_precision,
+)
 from sparselift.analysis.recombine_fit import RECOMBINE
 from sparselift.analysis.transform_fit import TRANSFORM
 from sparselift.analysis.type_overhead import DenseFit, model_parallel_types
@@ -87,11 +93,14 @@ def prior_fit(kind: str, device: str) -> OpFit | None:
 
 def fit_profiles(evidence: list[ProfileEvidence]) -> Calibration:
     """`fit.fit_evidence` with 16-bit output distributions fitted apart (`precision_fit`): the
-    op kinds on the fp32 calls, their net 16-bit cost as `qcomm_quantize`, and the dense step
-    (and per-type overhead) from every profile priced at its own precision."""
+    op kinds on the fp32 calls, their net 16-bit cost as `qcomm_quantize` (a saving only where
+    the steps measured it, `precision_fit.measured_faster`), and the dense step (and per-type
+    overhead) from every profile priced at its own precision."""
     kept, apart = split_by_precision(evidence)
     cal = fit_evidence(kept)
     q = fit_qcomm(apart, cal.ops)
+    if q is not None and q.b_s < 0.0 and not measured_faster(evidence):
+        q = dataclasses.replace(q, b_s=0.0)  # a saving the steps did not show
     if q is not None:
         cal.ops[QCOMM] = q
         dense = dense_fit(evidence, [dict(at_precision(cal.ops, ev.manifest)) for ev in evidence])

@@ -11,6 +11,10 @@ optimizer's cost model turns it back into its quantize cost (`optimizer.coeffici
 Row-wise tables' reduce-scatter (`fit.with_rs_kinds`) runs through the same codecs: its 16-bit
 calls are set apart likewise, compared with the reduce-scatter's own fp32 fit, and count towards
 the one net figure per element (the cost model applies it to every output collective).
+The calls are timed in the profiled window, where one profile's collectives differ from
+another's by noise as much as by their precision; so a saving (a negative net) is counted on only
+where a 16-bit profile's steady steps also measured faster than an fp32 profile's of the same
+plan (`measured_faster`), and is otherwise taken as 0: 16 bits buy nothing.
 """
 
 from __future__ import annotations
@@ -20,13 +24,16 @@ from typing import Any
 
 import pandas as pd
 
+from sparselift.analysis.compare import compare_profiles
 from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.fit import fit_ops, with_rs_kinds
 from sparselift.calibration import RS_KIND, OpFit
+from sparselift.errors import UserError
 from sparselift.kernels import FLOAT_BYTES
 
 OUTPUT_KINDS = {"forward": "output_dist_fwd", "backward": "output_dist_bwd"}
 QCOMM = "qcomm_quantize"
+CONFIDENCE = 0.9  # two-sided, as the pipeline's (`pipeline_overlap`)
 
 
 def precision_of(manifest: dict[str, Any]) -> dict[str, str]:
@@ -100,6 +107,25 @@ def fit_qcomm(apart: pd.DataFrame, ops: dict[str, OpFit]) -> OpFit | None:
     if n == 0:
         return None
     return OpFit(x="element", a_s=0.0, b_s=net / n, r2=0.0, n=n)
+
+
+def measured_faster(evidence: list[ProfileEvidence], confidence: float = CONFIDENCE) -> bool:
+    """Whether a 16-bit profile's steps were measured faster than those of an fp32 profile of
+    the same plan and pipeline: the low end of the `confidence` interval of their steps' ratio
+    (`compare.compare_profiles`) above 1. Pairs without enough steady steps say nothing."""
+
+    def plan(ev: ProfileEvidence) -> tuple[Any, Any]:
+        return ev.manifest.get("sharding"), ev.manifest.get("pipeline")
+
+    fp32 = [ev for ev in evidence if not sixteen_bit_kinds(ev.manifest)]
+    for low in (ev for ev in evidence if sixteen_bit_kinds(ev.manifest)):
+        for twin in (ev for ev in fp32 if plan(ev) == plan(low)):
+            try:
+                if compare_profiles(twin.profile, low.profile, confidence).low > 1.0:
+                    return True
+            except UserError:
+                continue
+    return False
 
 
 def at_precision(ops: dict[str, OpFit], manifest: dict[str, Any]) -> dict[str, OpFit]:
