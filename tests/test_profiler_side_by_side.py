@@ -90,6 +90,10 @@ def test_a_split_plans_profile_is_of_the_same_job_and_fitted_with_the_unsplit_on
         for t in ma["tables"]
     ]
     assert mb["model_tables"] == model  # the model's own tables, beside the virtual ones
+    # the split model's own costs, timed in its steady steps on every rank; none without splits
+    assert ma["split_cost_s"] is None and len(mb["split_cost_s"]) == 2
+    for records in mb["split_cost_s"]:
+        assert records and all(r[0] > 0 and r[2] > 0 and r[3] > 0 for r in records)
     assert {"t3__hot", "t5__rows1", "t7__cols0"} <= {t["name"] for t in mb["tables"]}
     rebuilt, ran = plan_in_force(mb), plans.load(split)  # the plan in force, from the manifest
     assert rebuilt is not None and plan_in_force(ma) is not None

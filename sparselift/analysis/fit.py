@@ -33,6 +33,7 @@ import pandas as pd
 from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.recombine_fit import RECOMBINE, fit_recombine
 from sparselift.analysis.samples import LOOKUPS, lookup_work_of
+from sparselift.analysis.split_cost_fit import recombine_in_step, transform_in_step
 from sparselift.analysis.transform_fit import TRANSFORM, fit_transform
 from sparselift.analysis.type_overhead import (
     DenseFit,
@@ -320,13 +321,17 @@ def dense_fit(evidence: list[ProfileEvidence], ops: list[dict[str, OpFit]]) -> D
 
 
 def transform_fit_of(evidence: list[ProfileEvidence]) -> OpFit | None:
-    """The batch transform's fit over every profile's timings together; None without any."""
-    return fit_transform([s for ev in evidence for s in ev.transform])
+    """The batch transform's fit over every profile's timings together, scaled to what split
+    plans' steps measured where any did (`split_cost_fit`); None without any timing."""
+    fit = fit_transform([s for ev in evidence for s in ev.transform])
+    return transform_in_step(fit, [ev.manifest for ev in evidence])
 
 
 def recombine_fit_of(evidence: list[ProfileEvidence]) -> OpFit | None:
-    """The recombination's fit over every profile's timings together; None without any."""
-    return fit_recombine([s for ev in evidence for s in ev.recombine])
+    """The recombination's fit over every profile's timings together, scaled as the transform's
+    (`split_cost_fit`); None without any timing."""
+    fit = fit_recombine([s for ev in evidence for s in ev.recombine])
+    return recombine_in_step(fit, [ev.manifest for ev in evidence])
 
 
 def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:

@@ -13,6 +13,8 @@ distribution of the inner collection.
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,16 +53,22 @@ def _check_virtual_features(features: Any, virtual: tuple[str, ...], source: str
     _refuse_untransformed(features.keys(), virtual, source)
 
 
+# A recombination's timer: called with ("forward" or "backward", seconds, pooled elements read
+# from split tables' parts, pooled elements written).
+RecombineTimer = Callable[[str, float, int, int], None]
+
+
 @torch.fx.wrap
-def _recombine(pooled: Any, layout: Layout) -> KeyedTensor:
+def _recombine(pooled: Any, layout: Layout, timer: RecombineTimer | None = None) -> KeyedTensor:
     """The original features' pooled embeddings from the virtual features' ones.
 
     Each output feature is one virtual feature (unsplit), its column slices concatenated in
     order, or the sum of its row parts in part order (the parts' bags partition the bag). The
     blocks are views of the pooled values, so backward splits the gradient without a dense
-    zero-fill and scatter.
+    zero-fill and scatter. `timer` (the profiler's) hears how long forward and backward took.
     """
     values = pooled.values()  # waits for a LazyAwaitable
+    t0 = time.perf_counter() if timer is not None else 0.0
     blocks = dict(zip(pooled.keys(), values.split(pooled.length_per_key(), dim=1), strict=True))
     outs: list[torch.Tensor] = []
     for _, _, parts in layout:
@@ -71,10 +79,32 @@ def _recombine(pooled: Any, layout: Layout) -> KeyedTensor:
             for vkey, _ in parts[1:]:
                 x = x + blocks[vkey]
             outs.append(x)
+    out = torch.cat(outs, dim=1)
+    if timer is not None:
+        _time_recombine(timer, t0, values, out, layout)
     return KeyedTensor(
-        keys=[k for k, _, _ in layout],
-        length_per_key=[d for _, d, _ in layout],
-        values=torch.cat(outs, dim=1),
+        keys=[k for k, _, _ in layout], length_per_key=[d for _, d, _ in layout], values=out
+    )
+
+
+def _time_recombine(
+    timer: RecombineTimer, t0: float, values: torch.Tensor, out: torch.Tensor, layout: Layout
+) -> None:
+    """Tell `timer` the forward's seconds since `t0`, and hook the backward's: from the output's
+    gradient arriving to the input's being made."""
+    rows = values.shape[0]
+    # the split features' parts: a row part as wide as its feature, column slices as wide in all
+    read = rows * sum(d * (len(p) if p[0][1] < 0 else 1) for _, d, p in layout if len(p) > 1)
+    written = rows * out.shape[1]
+    timer("forward", time.perf_counter() - t0, read, written)
+    if not (out.requires_grad and values.requires_grad):
+        return
+    began: list[float] = []
+    out.register_hook(lambda g: began.append(time.perf_counter()))
+    values.register_hook(
+        lambda g: (
+            timer("backward", time.perf_counter() - began[0], read, written) if began else None
+        )
     )
 
 
@@ -134,6 +164,8 @@ class VirtualTables(nn.Module):
         )
         self._source = source
         self._is_weighted = original.is_weighted()
+        # the profiler's, while it times the recombination in the steps (none otherwise)
+        self.timer: RecombineTimer | None = None
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         """The original tables, as the collection this module stands for declared them."""
@@ -150,7 +182,7 @@ class VirtualTables(nn.Module):
             PlanError: `features` was not transformed (it lacks the virtual features).
         """
         _check_virtual_features(features, self._check, self._source)
-        return _recombine(self.virtual(features), self._layout)
+        return _recombine(self.virtual(features), self._layout, self.timer)
 
 
 def rewrite_problems(plan: Any, model: nn.Module) -> list[str]:

@@ -50,6 +50,7 @@ def make_hook(
         workload=ctx.spec.name,
         device=ctx.device,
         steady_steps=steady_steps,
+        transform=ctx.plan.batch_transform() if ctx.plan is not None and ctx.plan.splits else None,
         **split_record(ctx.plan),
     )
 

@@ -41,6 +41,12 @@ lookup_s (per rank {window: [[forward, backward], …], steady: [[forward, backw
 embedding kernels' own seconds in each profiled step and each steady step, timed by hooks on the
 kernel modules, `lookup_timer.py`; null where not timed (CUDA), absent in older manifests) tells
 the analysis how much the window slowed the lookups themselves.
+split_cost_s (per rank, a list of [transform seconds, split features, ids routed, recombination
+seconds forward and backward, pooled elements read, pooled elements written] per steady step:
+a split plan's own costs as its steps ran them, `split_timer.py`; null where the plan has no
+splits or on CUDA, absent in older manifests) tells the analysis what the split model's
+transform and recombination cost in the step, beside what `batch_transform` and `recombine`
+timed on their own.
 """
 
 from __future__ import annotations
@@ -173,6 +179,8 @@ class ProfileFacts:
     splits: list[dict[str, Any]] | None = None  # that plan's splits, as its file writes them
     # per rank, the embedding kernels' [forward, backward] seconds of each window and steady step
     lookup_s: list[dict[str, list[list[float]]]] | None = None
+    # per rank, a split plan's transform and recombination in each steady step (`split_timer`)
+    split_cost_s: list[list[list[float]]] | None = None
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from sparselift.profiler.manifest import ProfileFacts, comm_precision_of, shardi
 from sparselift.profiler.merge import RankReport, profile_facts, write_manifest, write_profile
 from sparselift.profiler.pipeline import ProfiledPipeline
 from sparselift.profiler.recombine_cost import recombine_record, time_recombine
+from sparselift.profiler.split_timer import SplitCostTimer, split_cost_record, virtual_tables
 from sparselift.profiler.steady import SteadyTimer
 from sparselift.profiler.trace import TraceRecorder
 from sparselift.profiler.transform_cost import time_transform, transform_record
@@ -118,6 +119,9 @@ class ProfileSession:
             instead (`Plan.model`); recorded so that the profile is known as one of that model.
         splits: that plan's splits as its file writes them (recorded so that the plan in force
             can be rebuilt from the manifest).
+        transform: that plan's `BatchTransform`, the one the data path calls: on CPU its and
+            the split model's recombination's seconds are timed in the steady steps
+            (`split_timer.py`).
     Raises:
         UserError: a bad window or steady_steps < 0, or NoShardedEmbeddingError: the model is
             not DMP-sharded.
@@ -140,6 +144,7 @@ class ProfileSession:
         steady_steps: int = 10,
         model_tables: list[dict[str, Any]] | None = None,
         splits: list[dict[str, Any]] | None = None,
+        transform: Any = None,
     ) -> None:
         if warmup < 0 or steps < 1 or steady_steps < 0:
             raise UserError(
@@ -181,6 +186,9 @@ class ProfileSession:
         cpu = self.device.type == "cpu"
         self._lookups = LookupTimer(kernel_modules(self.modules)) if cpu else None
         self._lookup_s: dict[str, list[list[float]]] = {"window": [], "steady": []}
+        split_timer = SplitCostTimer(transform, virtual_tables(model))
+        self._split_timer = split_timer if cpu and split_timer.usable else None
+        self._split_s: list[list[float]] = []
         self._steady_open = False  # timing steady steps: the window closed at its last step
         self._trace_dir = self.out_dir  # rank 0's; the others' traces are sent to it
         if self.rank == 0:
@@ -196,6 +204,8 @@ class ProfileSession:
             if self._steady_open:
                 self._steady.begin()
                 self._time_lookups("begin")
+                if self._split_timer is not None:
+                    self._split_timer.begin()
             return
         if step == self.first:
             self._guard(self._open, "starting the profiler")
@@ -213,6 +223,9 @@ class ProfileSession:
             if self._steady_open:
                 self._steady.end()
                 self._time_lookups("steady")
+                record = self._split_timer.end() if self._split_timer is not None else None
+                if record is not None:
+                    self._split_s.append(record)
                 if self._steady.complete:
                     self._end_steady()
             return
@@ -233,6 +246,8 @@ class ProfileSession:
             self._steady_open = self._steady.n > 0
             if not self._steady_open:
                 self._time_lookups("detach")
+            elif self._split_timer is not None:
+                self._guard(self._split_timer.attach, "timing the split model's own costs")
 
     def finish(self) -> dict[str, Any]:
         """Close the window if training ended inside it, or gather the steady steps timed so far;
@@ -375,17 +390,24 @@ class ProfileSession:
         """Meet the other ranks once with the steady steps; rank 0 rewrites the manifest."""
         self._steady_open = False
         self._time_lookups("detach")
+        if self._split_timer is not None:
+            self._guard(self._split_timer.detach, "removing the split model's timers")
         steady = self._guard(self._steady.gather, "gathering steady steps on rank 0")
         lookups = self._guard(
             lambda: gather_to_rank0(self._lookup_s), "gathering kernel times on rank 0"
+        )
+        split_costs = self._guard(
+            lambda: gather_to_rank0(self._split_s), "gathering the split model's times on rank 0"
         )
         if self.rank != 0 or steady is None or self._facts is None or self.result is None:
             return
         facts = self._facts
         facts.steady_step_s = steady
         facts.lookup_s = lookup_record(lookups) if lookups else None
+        facts.split_cost_s = split_cost_record(split_costs) if split_costs else None
         self.result["facts"]["steady_step_s"] = list(steady)
         self.result["facts"]["lookup_s"] = facts.lookup_s
+        self.result["facts"]["split_cost_s"] = facts.split_cost_s
         if self.write_files:
             self._guard(
                 lambda: write_manifest(self.out_dir, facts),
