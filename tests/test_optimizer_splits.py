@@ -108,6 +108,31 @@ def test_a_split_is_taken_only_past_the_calibrations_held_out_error():
     assert split_margin(coeffs, 0.1) == (0.1, "--min-gain: no leave-one-out error measured")
 
 
+def test_a_profiled_split_plan_is_kept_only_while_its_splits_pay():
+    # The profiled plan splits "heavy". Nothing beats it by min_gain, so it is kept as it is
+    # while the model prices its split as paying; once the split model's costs are measured
+    # dear (as a split plan's steps measure them), the best plan without splits stands in.
+    topo = preset("cpu-gloo", 2)
+    stats = split_tables()
+    hot = {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)}
+    opts = {k: v for k, v in split_options(stats, 2, hot).items() if k == "heavy"}
+    cheap, dear = split_coeffs(topo, 1e-12), split_coeffs(topo, 1e-6)
+    profiled = optimize(Inputs(stats, topo, BATCH, cheap, splits=opts), time_limit_s=20).plan
+    assert profiled.splits
+    without = _best_per_way(stats, opts, CostModel(topo, BATCH, dear))[("heavy",)]
+    for coeffs, pays in ((cheap, True), (dear, False)):
+        inp = Inputs(stats, topo, BATCH, coeffs, splits=opts)
+        res = optimize(inp, time_limit_s=20, min_gain=10.0, current=profiled)
+        assert res.kept_baseline and bool(res.plan.splits) == pays
+        stood_in = any("stands in for it" in n for n in res.notes)
+        assert stood_in != pays
+        if pays:
+            assert res.plan.tables == profiled.tables and res.plan.splits == profiled.splits
+        else:
+            assert res.cost.step_time_s == pytest.approx(without, rel=1e-6)
+            assert any(n.startswith("kept the profiled plan without its splits") for n in res.notes)
+
+
 def test_the_held_out_error_is_the_calibrations_largest_leave_one_out_miss():
     topo = preset("cpu-gloo", 2)
     cal: dict = {"device": "cpu", "ops": {"input_dist": {"x": "bytes", "a_s": 1e-4, "b_s": 1e-9}}}

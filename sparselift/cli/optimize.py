@@ -374,8 +374,8 @@ def _report(
         + (" …" if topo.world_size > 16 else "")
     )
     if res.kept_baseline:
-        profiled = any(n.startswith("kept the profiled plan") for n in res.notes)
-        which = "the profiled plan" if profiled else "TorchRec's plan"
+        kept = [n for n in res.notes if n.startswith("kept the profiled plan")]
+        which = kept[0].split(":")[0].removeprefix("kept ") if kept else "TorchRec's plan"
         print(f"kept {which}: ours was not predicted at least {args.min_gain:.0%} faster")
     wrote_baseline = args.baseline_out and baseline is not None
     print(f"wrote {args.out}" + (f" and {args.baseline_out}" if wrote_baseline else ""))

@@ -299,3 +299,19 @@ def _fixed_after(
     after[frm] -= 1
     after[to] += 1
     return float(sum(own.fixed_call_costs(g for g, k in after.items() if k > 0)))
+
+
+def verdicts_alone(
+    model: CostModel,
+    book: PriceBook,
+    by_name: Mapping[str, TableStats],
+    choices: Mapping[str, Choice],
+    wide: PlanWide,
+) -> str:
+    """Both models' verdicts on a plan that has no TorchRec plan to compare with."""
+    sl = model.evaluate(by_name, choices, wide).step_time_s
+    tr = book.at(wide).rate_s(choices)
+    return (
+        f"the plan (no TorchRec plan to compare with): SparseLift's model {sl * 1e3:.3f} ms; "
+        f"TorchRec's estimator {tr * 1e3:.3f} ms"
+    )

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from sparselift.errors import UserError
 from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.costs import PlanCost
 from sparselift.optimizer.space import OptionClass, PlanWide, enumerate_classes
 from sparselift.optimizer.split_options import SplitOption
 from sparselift.optimizer.table_stats import TableStats
@@ -133,3 +134,12 @@ def format_bytes(n: float) -> str:
     if n < 2**40:
         return f"{n / 2**30:.2f} GiB"
     return f"{n / 2**40:.2f} TiB"
+
+
+def fits_memory(topo: Topology, cost: PlanCost, hbm: int) -> bool:
+    """Whether every rank of a priced plan fits: HBM within `hbm` (CUDA), host memory within the
+    topology's usable DDR."""
+    ddr = topo.usable(topo.ddr_bytes)
+    return all(
+        (r.hbm_bytes <= hbm or topo.device != "cuda") and r.ddr_bytes <= ddr for r in cost.per_rank
+    )

@@ -18,11 +18,12 @@ from typing import Any
 
 from sparselift import plans
 from sparselift.errors import UserError
-from sparselift.optimizer.agreement import Agreement, Verdicts, both_accept
+from sparselift.optimizer.agreement import Agreement, Verdicts, both_accept, verdicts_alone
 from sparselift.optimizer.choose import CheapestBaseline, PendingBaselines, choose_precision
 from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.costs import PlanCost
+from sparselift.optimizer.feasibility import fits_memory
 from sparselift.optimizer.planio import choices_from_plan, statistics_digest, to_plan
 from sparselift.optimizer.problem import Problem, Solution
 from sparselift.optimizer.robust import (
@@ -169,6 +170,7 @@ def optimize(
     by_name = {**by_model, **{s.name: s for s in part_stats(splits)}}
     base = CheapestBaseline(model, by_name, (baseline, *other_baselines), pending_baselines)
     book = PriceBook(inp.stats, inp.topo, inp.batch_size)
+    plain_at: list[tuple[Solution, PlanWide]] = []  # with splits on offer: the best without
     t0 = time.perf_counter()
 
     def solve_at(
@@ -218,6 +220,7 @@ def optimize(
                 w = PlanWide(wide.forward, wide.backward, s.pipeline)
                 return model.evaluate(by_name, s.choices, w).step_time_s
 
+            plain_at[:] = [(plain, PlanWide(wide.forward, wide.backward, plain.pipeline))]
             gain = step(plain) / step(split)
             sol = split if gain > 1.0 else plain
             margin, why = split_margin(inp.coeffs, min_gain)
@@ -269,7 +272,7 @@ def optimize(
         )
         if not both.kept and gain < 1.0 + min_gain:  # below what SparseLift's model resolves
             both = both_accept(model, book, inp.stats, ref, ref, ref_wide, ref_wide)
-        kept = both.kept and _fits(inp.topo, base_cost, hbm)
+        kept = both.kept and fits_memory(inp.topo, base_cost, hbm)
         choices, plan_wide, verdicts = both.choices, both.plan_wide, both.verdicts
         if both.kept and not kept:  # TorchRec's plan does not fit our memory model: ours
             choices, plan_wide = sol.choices, PlanWide(plan_wide.forward, plan_wide.backward)
@@ -280,7 +283,7 @@ def optimize(
         and base.choices is not None
         and base.cost.step_time_s
         < model.evaluate(by_name, choices, plan_wide).step_time_s * (1.0 + min_gain)
-        and _fits(inp.topo, base.cost, hbm)
+        and fits_memory(inp.topo, base.cost, hbm)
     ):
         # a decomposed or timed-out solve can land above the warm start: never hand back worse;
         # and a gain smaller than the model can resolve is not worth a new plan
@@ -288,13 +291,28 @@ def optimize(
     if verdicts is not None:
         notes.append(verdicts.line("TorchRec's plan kept" if kept else "the plan"))
     elif two:
-        notes.append(_verdicts_alone(model, book, by_name, choices, plan_wide))
+        notes.append(verdicts_alone(model, book, by_name, choices, plan_wide))
     if current is not None and not two:
         cur_choices, cur_wide = choices_from_plan(current, inp.topo)
         cur_tables = plan_tables(current, inp.stats)
         cur_wide, dropped = kept_wide(model, cur_tables, cur_choices, cur_wide, allowed)
         notes += dropped
         cur_cost = model.evaluate(cur_tables, cur_choices, cur_wide)
+        which = "the profiled plan"
+        if current.splits and plain_at:  # its splits must pay, or the best plan without stands
+            plain, plain_wide = plain_at[0]
+            plain_cost = model.evaluate(by_name, plain.choices, plain_wide)
+            if plain_cost.step_time_s <= cur_cost.step_time_s:
+                notes.append(
+                    f"the profiled plan's splits are predicted not to pay: the best plan without "
+                    f"splits ({plain_cost.step_time_s * 1e3:.2f} ms against "
+                    f"{cur_cost.step_time_s * 1e3:.2f} ms) stands in for it"
+                )
+                current = to_plan(
+                    inp.stats, plain.choices, inp.topo, plain_wide, module=current.module
+                )
+                cur_choices, cur_wide, cur_cost = dict(plain.choices), plain_wide, plain_cost
+                which = "the profiled plan without its splits"
         new_s = model.evaluate(by_name, choices, plan_wide).step_time_s
         ours_s = model.evaluate(by_name, ours, ours_wide).step_time_s
         gain = 1.0 + min_gain
@@ -303,10 +321,10 @@ def optimize(
             # is: each change is weighed against the plan it replaces
             notes.append(
                 f"the cheapest baseline is predicted only {cur_cost.step_time_s / new_s:.3f}x "
-                f"faster than the profiled plan, ours {cur_cost.step_time_s / ours_s:.3f}x: ours"
+                f"faster than {which}, ours {cur_cost.step_time_s / ours_s:.3f}x: ours"
             )
             choices, plan_wide, kept, verdicts, new_s = ours, ours_wide, False, None, ours_s
-        if cur_cost.step_time_s < new_s * (1.0 + min_gain) and _fits(inp.topo, cur_cost, hbm):
+        if cur_cost.step_time_s < new_s * (1.0 + min_gain) and fits_memory(inp.topo, cur_cost, hbm):
             choices, plan_wide, kept, base_plan, base_cost = (
                 cur_choices,
                 cur_wide,
@@ -316,8 +334,8 @@ def optimize(
             )
             ratio = cur_cost.step_time_s / new_s
             notes.append(
-                f"kept the profiled plan: the best other plan is predicted {ratio:.3f}x as "
-                f"fast, below the {1 + min_gain:.2f}x a change needs"
+                f"kept {which}: the best other plan is predicted {ratio:.3f}x as fast, below "
+                f"the {1 + min_gain:.2f}x a change needs"
             )
     if kept and base_plan is not None:  # a plan kept as it is: its own splits' parts
         by_name = {**by_name, **plan_tables(base_plan, inp.stats)}
@@ -377,26 +395,3 @@ def optimize(
     )
     sol.wall_s = time.perf_counter() - t0 - base.waited_s
     return Result(plan, cost, sol, base_plan, base_cost, kept, notes, verdicts)
-
-
-def _verdicts_alone(
-    model: CostModel,
-    book: PriceBook,
-    by_name: dict[str, TableStats],
-    choices: dict[str, Choice],
-    wide: PlanWide,
-) -> str:
-    """Both models' verdicts on a plan that has no TorchRec plan to compare with."""
-    sl = model.evaluate(by_name, choices, wide).step_time_s
-    tr = book.at(wide).rate_s(choices)
-    return (
-        f"the plan (no TorchRec plan to compare with): SparseLift's model {sl * 1e3:.3f} ms; "
-        f"TorchRec's estimator {tr * 1e3:.3f} ms"
-    )
-
-
-def _fits(topo: Topology, cost: PlanCost, hbm: int) -> bool:
-    ddr = topo.usable(topo.ddr_bytes)
-    return all(
-        (r.hbm_bytes <= hbm or topo.device != "cuda") and r.ddr_bytes <= ddr for r in cost.per_rank
-    )
