@@ -25,7 +25,9 @@ Four rules, applied around the solve (`optimize`):
   is, keeps either only where no profile measured it to cost (`kept_wide`).
 * *A rewrite only past the model's error.* No profile has run a split the plan would make, so a
   plan with splits is taken over the best plan without only when it is predicted faster by more
-  than the model is measured to miss a plan it was not fitted on (`split_margin`).
+  than the model is measured to miss a plan it was not fitted on (`split_margin`). A profiled
+  plan with splits is weighed as it is only while the model prices its splits as paying; else
+  the best plan without splits stands in for it (`optimize`).
 """
 
 from __future__ import annotations
