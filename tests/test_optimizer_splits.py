@@ -255,6 +255,20 @@ def test_on_random_workloads_splits_on_offer_never_price_a_plan_higher(seed):
         assert bool(res.plan.splits) == (error == 0.0)
         if error:
             assert res.cost.step_time_s == pytest.approx(plain.cost.step_time_s, rel=1e-6)
+        else:
+            split_plan = res.plan
+    # that split plan profiled, and nothing gains min_gain over it: kept while its splits pay;
+    # with the split model's costs measured dear, the best plan without splits stands in
+    dear = split_coeffs(topo, 1e-6, 1e-6)
+    plain_dear = optimize(Inputs(stats, topo, BATCH, dear), time_limit_s=60, mode="exact")
+    for coeffs, pays in ((cheap, True), (dear, False)):
+        inp = Inputs(stats, topo, BATCH, coeffs, splits=offered)
+        res = optimize(inp, time_limit_s=60, mode="exact", min_gain=10.0, current=split_plan)
+        assert res.kept_baseline and bool(res.plan.splits) == pays
+        if pays:
+            assert res.plan.splits == split_plan.splits
+        else:
+            assert res.cost.step_time_s == pytest.approx(plain_dear.cost.step_time_s, rel=1e-6)
 
 
 def test_a_split_plan_is_priced_again_as_it_was_planned_and_seeds_a_new_solve():
