@@ -170,7 +170,8 @@ def optimize(
     by_name = {**by_model, **{s.name: s for s in part_stats(splits)}}
     base = CheapestBaseline(model, by_name, (baseline, *other_baselines), pending_baselines)
     book = PriceBook(inp.stats, inp.topo, inp.batch_size)
-    plain_at: list[tuple[Solution, PlanWide]] = []  # with splits on offer: the best without
+    # with splits on offer: the best plan without, its plan-wide options and its cost
+    plain_at: list[tuple[Solution, PlanWide, PlanCost]] = []
     t0 = time.perf_counter()
 
     def solve_at(
@@ -216,12 +217,12 @@ def optimize(
             plain = sol
             split = run(splits, 1.0 - PLAIN_SHARE, lambda: plain.choices)
 
-            def step(s: Solution) -> float:
+            def cost(s: Solution) -> tuple[PlanWide, PlanCost]:
                 w = PlanWide(wide.forward, wide.backward, s.pipeline)
-                return model.evaluate(by_name, s.choices, w).step_time_s
+                return w, model.evaluate(by_name, s.choices, w)
 
-            plain_at[:] = [(plain, PlanWide(wide.forward, wide.backward, plain.pipeline))]
-            gain = step(plain) / step(split)
+            plain_at[:] = [(plain, *cost(plain))]
+            gain = plain_at[0][2].step_time_s / cost(split)[1].step_time_s
             sol = split if gain > 1.0 else plain
             margin, why = split_margin(inp.coeffs, min_gain)
             if set(split.choices) - set(by_model) and 1.0 < gain < 1.0 + margin:
@@ -300,8 +301,7 @@ def optimize(
         cur_cost = model.evaluate(cur_tables, cur_choices, cur_wide)
         which = "the profiled plan"
         if current.splits and plain_at:  # its splits must pay, or the best plan without stands
-            plain, plain_wide = plain_at[0]
-            plain_cost = model.evaluate(by_name, plain.choices, plain_wide)
+            plain, plain_wide, plain_cost = plain_at[0]
             if plain_cost.step_time_s <= cur_cost.step_time_s:
                 notes.append(
                     f"the profiled plan's splits are predicted not to pay: the best plan without "
