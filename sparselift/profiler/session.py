@@ -12,21 +12,16 @@ Steps before the window run untouched. At the first profiled step the session st
 torch.profiler and wraps the sharded modules' `input_dist`; after the last it stops, unwraps, writes
 this rank's trace (rank 0 into `out_dir`, the others into a private temp directory: no shared
 filesystem is needed), streams every rank's trace to rank 0 (`gather.gather_files`; a rank whose
-trace did not arrive is named in the manifest's `missing_ranks`), gathers every rank's access
-statistics (and each rank's timing of the split plans' batch transform on its last batch,
-`transform_cost.py`, and of the split model's recombination, `recombine_cost.py`) on rank 0,
-which writes
-`hot_ids.parquet` (each table's hottest ids over the window, `hot_ids.py`; always rank 0 itself,
-like the traces: too large to hand back), then `access_stats.parquet` and `manifest.json` (unless
-`write_files=False`: then `finish()` hands those to the caller). Then it times `steady_steps` more
-steps with nothing attached (`steady.py`: the window runs slower than training does) and rank 0
-rewrites the manifest with their `steady_step_s`; training that ends first keeps what was timed
-(`finish()` or leaving the `with` block gathers it; without either, the manifest keeps
-`steady_step_s: []`). On CPU the embedding kernels' own seconds are timed too, from the window's
-first step to the last steady step (`lookup_timer.py`: the window slows the kernels less than the
-rest of a step; two clock reads a kernel call are all that stays attached after the window, and
-they go with the last steady step), and gathered with the steady steps into the manifest's
-`lookup_s`.
+trace did not arrive is named in the manifest's `missing_ranks`), and gathers every rank's access
+statistics and its stand-alone timings of a split plan's costs (`transform_cost.py`,
+`recombine_cost.py`) on rank 0, which writes `hot_ids.parquet` (`hot_ids.py`; always rank 0
+itself, like the traces), then `access_stats.parquet` and `manifest.json` (unless
+`write_files=False`: then `finish()` hands those to the caller). Then it times `steady_steps`
+more steps with nothing attached but two clock reads a kernel call (`steady.py`: the window runs
+slower than training does; `step_timers.py`: on CPU, the kernels' and a split model's own
+seconds), and rank 0 rewrites the manifest with their `steady_step_s`, `lookup_s` and
+`split_cost_s`; training that ends first keeps what was timed (`finish()` or leaving the `with`
+block gathers it; without either, the manifest keeps `steady_step_s: []`).
 `execution_trace=True` also records torch's ExecutionTraceObserver (`rank<R>.et.json`, op
 dependencies joinable to the Kineto trace); it is off by default because it costs disk space and
 slows the steps after the window (benchmarks/bench_profiler_overhead.py).
@@ -54,13 +49,12 @@ from sparselift.profiler.access_stats import access_rows, rank_table_steps, tabl
 from sparselift.profiler.collect import collect_traces
 from sparselift.profiler.gather import gather_to_rank0
 from sparselift.profiler.hot_ids import record_hot_ids
-from sparselift.profiler.lookup_timer import LookupTimer, kernel_modules, lookup_record
 from sparselift.profiler.manifest import ProfileFacts, comm_precision_of, sharding_of
 from sparselift.profiler.merge import RankReport, profile_facts, write_manifest, write_profile
 from sparselift.profiler.pipeline import ProfiledPipeline
 from sparselift.profiler.recombine_cost import recombine_record, time_recombine
-from sparselift.profiler.split_timer import SplitCostTimer, split_cost_record, virtual_tables
 from sparselift.profiler.steady import SteadyTimer
+from sparselift.profiler.step_timers import StepTimers
 from sparselift.profiler.trace import TraceRecorder
 from sparselift.profiler.transform_cost import time_transform, transform_record
 
@@ -182,13 +176,8 @@ class ProfileSession:
         self._next = 0
         self._facts: ProfileFacts | None = None  # rank 0, after the window
         self._steady = SteadyTimer(steady_steps, self.device)
-        # the kernels' own seconds per step, in the window and the steady steps (CPU only)
-        cpu = self.device.type == "cpu"
-        self._lookups = LookupTimer(kernel_modules(self.modules)) if cpu else None
-        self._lookup_s: dict[str, list[list[float]]] = {"window": [], "steady": []}
-        split_timer = SplitCostTimer(transform, virtual_tables(model))
-        self._split_timer = split_timer if cpu and split_timer.usable else None
-        self._split_s: list[list[float]] = []
+        # the kernels' own seconds per step, and a split model's (CPU only)
+        self._timers = StepTimers(self.modules, model, transform, self.device, self._guard)
         self._steady_open = False  # timing steady steps: the window closed at its last step
         self._trace_dir = self.out_dir  # rank 0's; the others' traces are sent to it
         if self.rank == 0:
@@ -203,14 +192,12 @@ class ProfileSession:
         if self.done:
             if self._steady_open:
                 self._steady.begin()
-                self._time_lookups("begin")
-                if self._split_timer is not None:
-                    self._split_timer.begin()
+                self._timers.begin(steady=True)
             return
         if step == self.first:
             self._guard(self._open, "starting the profiler")
         if self.first <= step <= self.last:
-            self._time_lookups("begin")
+            self._timers.begin(steady=False)
             self._recorder.step = step
             if self._trace is not None and self._trace.running:
                 self._guard(lambda: self._trace.step_begin(step), "marking a step")
@@ -222,10 +209,7 @@ class ProfileSession:
         if self.done:
             if self._steady_open:
                 self._steady.end()
-                self._time_lookups("steady")
-                record = self._split_timer.end() if self._split_timer is not None else None
-                if record is not None:
-                    self._split_s.append(record)
+                self._timers.end(steady=True)
                 if self._steady.complete:
                     self._end_steady()
             return
@@ -236,7 +220,7 @@ class ProfileSession:
             self.step_times_s.append(time.perf_counter() - self._t0)
             self._t0 = None
         if in_window:
-            self._time_lookups("window")
+            self._timers.end(steady=False)
             self._recorder.step = None
             self.profiled_steps.append(step)
             if self._trace is not None:
@@ -244,10 +228,10 @@ class ProfileSession:
         if step >= self.last:
             self._close()
             self._steady_open = self._steady.n > 0
-            if not self._steady_open:
-                self._time_lookups("detach")
-            elif self._split_timer is not None:
-                self._guard(self._split_timer.attach, "timing the split model's own costs")
+            if self._steady_open:
+                self._timers.start_steady()
+            else:
+                self._timers.detach()
 
     def finish(self) -> dict[str, Any]:
         """Close the window if training ended inside it, or gather the steady steps timed so far;
@@ -308,23 +292,9 @@ class ProfileSession:
             self.errors.append(msg)
             return None
 
-    def _time_lookups(self, what: str) -> None:
-        """Drive the kernel timer: "begin" a step, record it in "window" or "steady", or
-        "detach" its hooks (nothing without a timer, or once detached)."""
-        timer = self._lookups
-        if timer is None or not timer.attached:
-            return
-        if what == "begin":
-            timer.begin()
-        elif what == "detach":
-            self._guard(timer.detach, "removing the kernel timer")
-        else:
-            self._lookup_s[what].append(timer.end())
-
     def _open(self) -> None:
         self._recorder.attach()
-        if self._lookups is not None:
-            self._guard(self._lookups.attach, "timing the embedding kernels")
+        self._timers.open_window()
         if self.rank != 0:
             self._trace_dir = Path(tempfile.mkdtemp(prefix=f"sparselift-rank{self.rank}-"))
         self._trace = TraceRecorder(self._trace_dir, self.rank, self.device, self.execution_trace)
@@ -389,22 +359,14 @@ class ProfileSession:
     def _end_steady(self) -> None:
         """Meet the other ranks once with the steady steps; rank 0 rewrites the manifest."""
         self._steady_open = False
-        self._time_lookups("detach")
-        if self._split_timer is not None:
-            self._guard(self._split_timer.detach, "removing the split model's timers")
+        self._timers.detach()
         steady = self._guard(self._steady.gather, "gathering steady steps on rank 0")
-        lookups = self._guard(
-            lambda: gather_to_rank0(self._lookup_s), "gathering kernel times on rank 0"
-        )
-        split_costs = self._guard(
-            lambda: gather_to_rank0(self._split_s), "gathering the split model's times on rank 0"
-        )
+        lookup_s, split_cost_s = self._timers.gather()
         if self.rank != 0 or steady is None or self._facts is None or self.result is None:
             return
         facts = self._facts
         facts.steady_step_s = steady
-        facts.lookup_s = lookup_record(lookups) if lookups else None
-        facts.split_cost_s = split_cost_record(split_costs) if split_costs else None
+        facts.lookup_s, facts.split_cost_s = lookup_s, split_cost_s
         self.result["facts"]["steady_step_s"] = list(steady)
         self.result["facts"]["lookup_s"] = facts.lookup_s
         self.result["facts"]["split_cost_s"] = facts.split_cost_s
