@@ -167,6 +167,9 @@ class Calibration:
             fitted calls, measured where profiles ran different numbers of such types
             (`analysis.type_overhead`; `dense_step_s` is then the residual without it); None
             where not measured.
+        split_cost_profiles: the profiles whose steady steps timed a split model's own costs
+            (`batch_transform` and `recombine` are then scaled to what those steps paid); []
+            where the fits are the profiler's stand-alone timings only.
     """
 
     device: str | None
@@ -181,6 +184,7 @@ class Calibration:
     pipeline_profiles: list[str] = field(default_factory=list)
     held_out: list[HeldOut] = field(default_factory=list)
     type_overhead_s: float | None = None
+    split_cost_profiles: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object written to calibration.json (keys in file order)."""
@@ -203,6 +207,8 @@ class Calibration:
             out["type_overhead_s"] = self.type_overhead_s
         if self.pipeline_profiles:
             out["pipeline_profiles"] = list(self.pipeline_profiles)
+        if self.split_cost_profiles:
+            out["split_cost_profiles"] = list(self.split_cost_profiles)
         if self.held_out:
             out["held_out"] = [dict(dataclasses.asdict(h), error=h.error) for h in self.held_out]
         return out
@@ -255,6 +261,7 @@ class Calibration:
             pipeline_profiles=_strings(doc, "pipeline_profiles", where),
             held_out=_held_out(doc.get("held_out"), where),
             type_overhead_s=type_overhead_s,
+            split_cost_profiles=_strings(doc, "split_cost_profiles", where),
         )
 
     @classmethod

@@ -101,8 +101,12 @@ def test_a_split_plans_profile_is_of_the_same_job_and_fitted_with_the_unsplit_on
 
     code, out, _ = cli("analyze", str(b), str(a))
     assert code == 0, out
-    held = json.loads((b / "calibration.json").read_text())["held_out"]
-    assert sorted(h["profile"] for h in held) == sorted([str(a), str(b)])
+    cal = json.loads((b / "calibration.json").read_text())
+    assert sorted(h["profile"] for h in cal["held_out"]) == sorted([str(a), str(b)])
+    # the split's own costs are measured on the profile whose steps timed them, and that alone
+    assert cal["split_cost_profiles"] == [str(b)]
+    assert cli("analyze", str(a))[0] == 0  # the plan without splits: timed stand-alone only
+    assert "split_cost_profiles" not in json.loads((a / "calibration.json").read_text())
 
     # planning reads the statistics from the profile without splits, wherever it is given
     code, _, err = cli("optimize", "--profile", str(b), "--splits", "off", "--out", "p.json")

@@ -1,14 +1,22 @@
 """A split model's own costs timed as its steps run them: the timers the plan's transform and
-recombination call, the session's records, and the analysis scaling its stand-alone fits."""
+recombination call, the session's records, the analysis scaling its stand-alone fits, and the
+evidence the optimizer then has for them."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 from test_plans_virtual import ebc_of, kjt_of, random_feats, two_feature_plan
 
 from sparselift.analysis.split_cost_fit import recombine_in_step, transform_in_step
-from sparselift.calibration import OpFit
+from sparselift.calibration import Calibration, OpFit
+from sparselift.errors import UserError
+from sparselift.optimizer.coefficients import Linear, coefficients
+from sparselift.optimizer.cost_model import ASSUMED_TRANSFORM_MARGIN, recombine_b_s
+from sparselift.optimizer.robust import split_costs_measured
+from sparselift.optimizer.topology import preset
 from sparselift.profiler.split_timer import SplitCostTimer, virtual_tables
 
 
@@ -56,3 +64,31 @@ def test_the_stand_alone_fits_are_scaled_by_what_the_steps_measured():
     # without step records (profiles of plans without splits, older manifests): as fitted
     assert transform_in_step(tx, [{}, {"split_cost_s": None}]) == tx
     assert recombine_in_step(None, manifests) is None
+
+
+def test_split_costs_are_measured_only_where_a_split_plans_steps_timed_them():
+    topo = preset("cpu-gloo", 2)
+    ops = {
+        "batch_transform": {"x": "ids", "a_s": 1e-5, "b_s": 2e-9, "r2": 0.9, "n": 20},
+        "recombine": {"x": "elements", "a_s": 0.0, "b_s": 1e-9, "r2": 0.8, "n": 10},
+    }
+    doc = {"device": "cpu", "ops": ops, "provenance": {"profile": "/p/base"}}
+    # fitted on the profiler's stand-alone timings only: the values, but assumed, and priced at
+    # the margin (a lone call costs less than the step pays)
+    alone = coefficients(topo, Calibration.from_dict(doc))
+    assert alone.batch_transform == Linear(1e-5, 2e-9) and alone.recombine_b_s == 1e-9
+    for name in ("batch_transform", "recombine_b_s"):
+        assert alone.evidence_dict()[name]["source"] == "assumed"
+    assert not split_costs_measured(alone)
+    assert recombine_b_s(alone) == pytest.approx(ASSUMED_TRANSFORM_MARGIN * 1e-9)
+    # a split plan's steps timed them: measured, from that profile, and priced as fitted
+    stepped = Calibration.from_dict(
+        json.loads(Calibration.from_dict(dict(doc, split_cost_profiles=["/p/split"])).to_bytes())
+    )
+    assert stepped.split_cost_profiles == ["/p/split"]
+    k = coefficients(topo, stepped)
+    for name in ("batch_transform", "recombine_b_s"):
+        assert k.evidence_dict()[name] == {"source": "measured", "from": "/p/split"}
+    assert split_costs_measured(k) and recombine_b_s(k) == 1e-9
+    with pytest.raises(UserError, match="split_cost_profiles must be a list of strings"):
+        Calibration.from_dict(dict(doc, split_cost_profiles="/p/split"))

@@ -33,7 +33,7 @@ import pandas as pd
 from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.recombine_fit import RECOMBINE, fit_recombine
 from sparselift.analysis.samples import LOOKUPS, lookup_work_of
-from sparselift.analysis.split_cost_fit import recombine_in_step, transform_in_step
+from sparselift.analysis.split_cost_fit import recombine_in_step, step_records, transform_in_step
 from sparselift.analysis.transform_fit import TRANSFORM, fit_transform
 from sparselift.analysis.type_overhead import (
     DenseFit,
@@ -385,4 +385,7 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
         dense_step_s=dense.dense_step_s,
         provenance=provenance,
         type_overhead_s=dense.type_overhead_s,
+        split_cost_profiles=[ev.profile for ev in evidence if step_records([ev.manifest])]
+        if tx is not None or rc is not None
+        else [],
     )

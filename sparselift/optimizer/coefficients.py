@@ -255,7 +255,11 @@ def coefficients(
         its overlap was fitted net of it. The
         inter-host per-byte cost is measured from a profile of several one-rank hosts (the
         dearest of its distributions' per-byte fits: every byte crossed hosts), else only where
-        the measured intra-host one raised it.
+        the measured intra-host one raised it. A split model's own costs (`batch_transform`,
+        `recombine_b_s`) are measured only where a split plan's steady steps timed them
+        (`Calibration.split_cost_profiles`): fitted on the profiler's stand-alone timings alone
+        they take those values but stay assumed, since a step pays more than a lone call (the
+        cost model then prices them at a margin and counts splits as risky).
     Raises:
         UserError: a calibration object with a wrong field (`Calibration.from_dict`).
     """
@@ -328,11 +332,19 @@ def coefficients(
     piped = tuple(k for k in PIPELINE_NAMES if k in kw)
     if piped and cal.pipeline_profiles:  # measured on the plan's two profiles, one per pipeline
         measured = measured.with_evidence(MEASURED, " + ".join(cal.pipeline_profiles), piped)
+    split = tuple(k for k in SPLIT_COST_NAMES if k in kw)
+    if split and cal.split_cost_profiles:  # scaled to what split plans' steps paid
+        measured = measured.with_evidence(MEASURED, " + ".join(cal.split_cost_profiles), split)
+    elif split:  # timed apart from the steps only: what a step pays for them is not measured
+        measured = measured.with_evidence(
+            ASSUMED, f"timed stand-alone in {origin}; no split plan's steps timed them", split
+        )
     held = max((abs(h.error) for h in cal.held_out), default=None)
     return measured.replace(profiled_types=profiled, held_out_error=held)
 
 
 PIPELINE_NAMES = ("pipeline_overlap", "pipeline_overhead_s")
+SPLIT_COST_NAMES = ("batch_transform", "recombine_b_s")  # what a split model adds to a step
 
 
 DIST_KINDS = ("input_dist", *RS_KIND, *RS_KIND.values())

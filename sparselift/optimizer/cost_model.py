@@ -32,7 +32,8 @@ A virtual table of a split (`split_options`) is priced as any table, plus, on ev
 lookup_fwd (both run in the step, outside the collectives), the loader's batch transform (its ids
 routed and its share of the split features' calls) and the split model's recombination (its
 pooled block read; a split model also writes the whole pooled output once more,
-`recombine_fixed_s`), each at ASSUMED_TRANSFORM_MARGIN × its cost where no profile measured it.
+`recombine_fixed_s`), each at ASSUMED_TRANSFORM_MARGIN × its cost where no split plan's steps
+timed it (`coefficients`: then assumed).
 
 Memory per rank: weights + row-wise Adagrad state (one float per row) + the whole-table gradient of
 the dense kernel / data-parallel + UVM cache in HBM (table in host memory) + the sparse-dist
@@ -62,7 +63,9 @@ from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 
 PRECISION_FACTOR = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5}
-ASSUMED_TRANSFORM_MARGIN = 2.0  # the batch transform's price where no profile measured it
+# a split model's own costs are priced at this × their stand-alone fit where no split plan's
+# steps timed them
+ASSUMED_TRANSFORM_MARGIN = 2.0
 
 
 def recombine_b_s(coeffs: Coefficients) -> float:
