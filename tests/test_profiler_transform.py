@@ -311,7 +311,7 @@ def test_a_profile_records_every_ranks_timings_on_its_last_batch(profile_dir):
 
 
 @pytest.mark.slow
-def test_analyze_writes_the_fit_and_the_optimizer_reads_it_as_measured(profile_dir, tmp_path):
+def test_analyze_writes_the_fit_and_the_optimizer_prices_with_it(profile_dir, tmp_path):
     assert main(["analyze", str(profile_dir), "--out", str(tmp_path / "an")]) == 0
     doc = json.loads((tmp_path / "an" / "calibration.json").read_text())
     op = doc["ops"]["batch_transform"]
@@ -320,8 +320,10 @@ def test_analyze_writes_the_fit_and_the_optimizer_reads_it_as_measured(profile_d
     assert (op["a_s"], op["b_s"]) == pytest.approx((rec["a_s"], rec["b_s"]))
     topo = preset("cpu-gloo", 2, 2)
     c = coefficients(topo, Calibration.from_dict(doc))
-    assert c.measured("batch_transform")
     assert (c.batch_transform.a_s, c.batch_transform.b_s) == pytest.approx((op["a_s"], op["b_s"]))
+    # timed stand-alone only (no split plan's steps): the fit's values, assumed for the steps
+    assert not c.measured("batch_transform")
+    assert c.evidence_dict()["batch_transform"]["from"].startswith("timed stand-alone in")
     # a profile that never timed the transform has no such op: the preset's, assumed
     fixture = FIX / "profile_tiny_table_wise"
     assert main(["analyze", str(fixture), "--out", str(tmp_path / "old"), "--no-cache"]) == 0
@@ -373,9 +375,7 @@ def test_a_profile_records_every_ranks_recombination_at_the_models_widths(profil
 
 
 @pytest.mark.slow
-def test_analyze_writes_the_recombination_and_the_optimizer_reads_it_as_measured(
-    profile_dir, tmp_path
-):
+def test_analyze_writes_the_recombination_and_the_optimizer_prices_with_it(profile_dir, tmp_path):
     assert main(["analyze", str(profile_dir), "--out", str(tmp_path / "an")]) == 0
     doc = json.loads((tmp_path / "an" / "calibration.json").read_text())
     op = doc["ops"]["recombine"]
@@ -384,7 +384,8 @@ def test_analyze_writes_the_recombination_and_the_optimizer_reads_it_as_measured
     assert op["b_s"] == pytest.approx(rec["b_s"]) and op["b_s"] > 0
     topo = preset("cpu-gloo", 2, 2)
     c = coefficients(topo, Calibration.from_dict(doc))
-    assert c.measured("recombine_b_s") and c.recombine_b_s == pytest.approx(op["b_s"])
+    assert c.recombine_b_s == pytest.approx(op["b_s"])
+    assert c.evidence_dict()["recombine_b_s"]["from"].startswith("timed stand-alone in")
     fixture = FIX / "profile_tiny_table_wise"  # never timed it: the preset's, assumed
     assert main(["analyze", str(fixture), "--out", str(tmp_path / "old"), "--no-cache"]) == 0
     old_doc = json.loads((tmp_path / "old" / "calibration.json").read_text())
