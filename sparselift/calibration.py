@@ -162,6 +162,9 @@ class Calibration:
             overlap was fitted net of the topology's overhead).
         pipeline_profiles: the base and the sparse-dist profile both were measured on ([] when
             not measured, or not recorded).
+        pipeline_pays: whether those two profiles measured the pipeline faster (the saving at
+            the low end of its interval); None where not recorded (a calibration whose overlap
+            was that low end's share: its cost model's verdict stands).
         held_out: with several profiles, each one's leave-one-out prediction ([] otherwise).
         type_overhead_s: what one model-parallel sharding type adds to a step beyond its
             fitted calls, measured where profiles ran different numbers of such types
@@ -182,6 +185,7 @@ class Calibration:
     pipeline_overlap: float | None = None
     pipeline_overhead_s: float | None = None
     pipeline_profiles: list[str] = field(default_factory=list)
+    pipeline_pays: bool | None = None
     held_out: list[HeldOut] = field(default_factory=list)
     type_overhead_s: float | None = None
     split_cost_profiles: list[str] = field(default_factory=list)
@@ -207,6 +211,8 @@ class Calibration:
             out["type_overhead_s"] = self.type_overhead_s
         if self.pipeline_profiles:
             out["pipeline_profiles"] = list(self.pipeline_profiles)
+        if self.pipeline_pays is not None:
+            out["pipeline_pays"] = self.pipeline_pays
         if self.split_cost_profiles:
             out["split_cost_profiles"] = list(self.split_cost_profiles)
         if self.held_out:
@@ -259,6 +265,7 @@ class Calibration:
             pipeline_overlap=_optional_number(doc, "pipeline_overlap", where),
             pipeline_overhead_s=_optional_number(doc, "pipeline_overhead_s", where),
             pipeline_profiles=_strings(doc, "pipeline_profiles", where),
+            pipeline_pays=_optional_bool(doc, "pipeline_pays", where),
             held_out=_held_out(doc.get("held_out"), where),
             type_overhead_s=type_overhead_s,
             split_cost_profiles=_strings(doc, "split_cost_profiles", where),
@@ -312,6 +319,14 @@ def _optional(doc: Mapping[str, Any], key: str, kind: type, where: str, at: str 
         return None
     if not isinstance(v, kind) or isinstance(v, bool):
         raise UserError(f"{where}: {at}{key} must be {'a string' if kind is str else 'an integer'}")
+    return v
+
+
+def _optional_bool(doc: Mapping[str, Any], key: str, where: str) -> bool | None:
+    """doc[key] if present and not null, checked to be true or false; else None."""
+    v = doc.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise UserError(f"{where}: {key} must be true or false")
     return v
 
 

@@ -433,7 +433,7 @@ def test_a_16_bit_saving_is_counted_only_where_the_steps_measured_it(tmp_path, s
 def test_a_calibration_without_the_pipelines_overhead_loads_with_the_presets_assumed(tmp_path):
     from sparselift.errors import UserError
     from sparselift.optimizer.coefficients import coefficients
-    from sparselift.optimizer.robust import pipeline_measured
+    from sparselift.optimizer.robust import pipeline_measured, pipeline_pays
     from sparselift.optimizer.topology import preset
 
     topo = preset("cpu-gloo", 2, 2)
@@ -453,7 +453,7 @@ def test_a_calibration_without_the_pipelines_overhead_loads_with_the_presets_ass
     assert k.pipeline_overhead_s == topo.pipeline_overhead_s
     assert k.measured("pipeline_overlap") and not k.measured("pipeline_overhead_s")
     assert k.evidence_dict()["pipeline_overhead_s"]["source"] == "assumed"
-    assert pipeline_measured(k)
+    assert pipeline_measured(k) and pipeline_pays(k)  # its overlap was the low end's: it decides
     # a two-pipeline calibration: both measured, from the two profiles, and the value used
     new = dict(old, pipeline_overhead_s=2e-4, pipeline_profiles=["/p/base", "/p/sd"])
     again = Calibration.from_dict(json.loads(Calibration.from_dict(new).to_bytes()))
@@ -462,7 +462,17 @@ def test_a_calibration_without_the_pipelines_overhead_loads_with_the_presets_ass
     assert k2.pipeline_overhead_s == 2e-4 != topo.pipeline_overhead_s
     for name in ("pipeline_overlap", "pipeline_overhead_s"):
         assert k2.evidence_dict()[name] == {"source": "measured", "from": "/p/base + /p/sd"}
-    assert pipeline_measured(k2)
+    assert pipeline_measured(k2) and pipeline_pays(k2)
+    # measured no faster: its overlap still prices plans, but the pipeline is not chosen
+    slower = Calibration.from_dict(
+        json.loads(Calibration.from_dict(dict(new, pipeline_pays=False)).to_bytes())
+    )
+    assert slower.pipeline_pays is False and coefficients(topo, slower).pipeline_overlap == 0.5
+    assert pipeline_measured(coefficients(topo, slower)) and not pipeline_pays(
+        coefficients(topo, slower)
+    )
+    with pytest.raises(UserError, match="pipeline_pays must be true or false"):
+        Calibration.from_dict(dict(new, pipeline_pays="yes"), str(path))
     with pytest.raises(UserError, match="pipeline_profiles must be a list of strings"):
         Calibration.from_dict(dict(new, pipeline_profiles="/p/base"), str(path))
     with pytest.raises(UserError, match="pipeline_overhead_s must be a number"):

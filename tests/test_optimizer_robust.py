@@ -22,6 +22,7 @@ from sparselift.optimizer.coefficients import (
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.feasibility import feasible_classes
 from sparselift.optimizer.optimize import Inputs, optimize
+from sparselift.optimizer.planio import choices_from_plan
 from sparselift.optimizer.problem import Problem
 from sparselift.optimizer.robust import (
     RISK_TOLERANCE,
@@ -136,12 +137,14 @@ def test_pipeline_is_base_while_its_overlap_is_assumed():
     assert any("pipeline base" in line for line in res.notes)
 
 
-def test_pipeline_is_sparse_dist_when_a_calibration_measured_an_overlap_that_pays():
+@pytest.mark.parametrize("pays", [True, False])
+def test_pipeline_is_sparse_dist_only_where_the_profiles_measured_it_faster(pays):
     topo = preset("cpu-gloo", 2)
     cal = {
         "device": "cpu",
         "ops": {},
         "pipeline_overlap": 0.9,
+        "pipeline_pays": pays,
         "provenance": {"profile": "/profiles/tiny-sparse-dist"},
     }
     k = _dear_input_dist(coefficients(topo, cal)).replace(pipeline_overhead_s=0.0)
@@ -149,7 +152,16 @@ def test_pipeline_is_sparse_dist_when_a_calibration_measured_an_overlap_that_pay
     k = k.replace(dp_allreduce=Linear(k.dp_allreduce.a_s, 1e3 * k.dp_allreduce.b_s))
     assert k.measured("pipeline_overlap")
     res = optimize(Inputs(TABLES, topo, 1024, k), time_limit_s=5)
-    assert res.plan.pipeline == "sparse-dist"
+    # the measured overlap prices sparse-dist faster either way; it is chosen only where the
+    # profiles measured it faster
+    choices, wide = choices_from_plan(res.plan, topo)
+    model, by = CostModel(topo, 1024, k), {t.name: t for t in TABLES}
+    base, sd = (PlanWide(wide.forward, wide.backward, p) for p in ("base", "sparse-dist"))
+    assert (
+        model.evaluate(by, choices, sd).step_time_s < model.evaluate(by, choices, base).step_time_s
+    )
+    assert res.plan.pipeline == ("sparse-dist" if pays else "base")
+    assert any("not measured faster" in line for line in res.notes) is not pays
     assert res.plan.evidence["pipeline_overlap"] == {
         "source": "measured",
         "from": "/profiles/tiny-sparse-dist",
@@ -188,6 +200,24 @@ def test_a_kept_profiled_plan_drops_an_option_only_where_measured_not_to_pay(run
             kept.pipeline,
         )
         assert any("measured not to pay" in line for line in res.notes) == (kept is base)
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_a_kept_sparse_dist_plan_drops_the_pipeline_measured_no_faster(pays):
+    # the measured overlap prices sparse-dist faster for the profiled plan; nothing beats the
+    # plan by min_gain, so it is kept: under sparse-dist only where the profiles measured it faster
+    from sparselift.optimizer.torchrec_baseline import torchrec_baseline_plan
+
+    topo = preset("cpu-gloo", 2)
+    base = torchrec_baseline_plan(TABLES, topo, 1024)
+    current = plans.Plan.from_dict({**base.to_dict(), "pipeline": "sparse-dist"}, "test")
+    k = _dear_input_dist(coefficients(topo)).replace(
+        pipeline_overlap=0.9, pipeline_overhead_s=0.0, pipeline_pays=pays
+    )
+    k = k.with_evidence("measured", "p", ("pipeline_overlap", "pipeline_overhead_s"))
+    res = optimize(Inputs(TABLES, topo, 1024, k), time_limit_s=5, min_gain=10.0, current=current)
+    assert res.kept_baseline and res.plan.tables == current.tables
+    assert res.plan.pipeline == ("sparse-dist" if pays else "base")
 
 
 # ----------------------------------------------------------------------------- precision gate

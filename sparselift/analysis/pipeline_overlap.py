@@ -18,12 +18,14 @@ under sparse-dist; then two measurements tell them apart:
   + hidden, never below 0.
 
 Window times (input_dist, its exposed part) are scaled to the steady step by each profile's
-profiler inflation, as the calibration's samples are (`evidence.scaled_to_steady`). On a shared
-host two profiles' steps differ by noise as much as by the pipeline, so the net saving the
-optimizer may count on (the overlap's share of input_dist less the overhead) is the step
-difference at the low end of a bootstrap interval of the steps' ratio
-(`compare.compare_profiles`), and never more than the trace shows hidden: a pipeline not
-measured faster is not chosen.
+profiler inflation, as the calibration's samples are (`evidence.scaled_to_steady`). The overlap
+the cost model prices with is the share the trace shows hidden, and the net saving it prices
+(hidden − overhead) is the medians' step difference, never more than the trace shows hidden:
+the best estimate, so that plans under either pipeline are predicted alike. Whether the
+pipeline may be chosen is a separate verdict: on a shared host two profiles' steps differ by
+noise as much as by the pipeline, so it *pays* only where the step difference at the low end of
+a bootstrap interval of the steps' ratio (`compare.compare_profiles`) is a saving, and the trace
+shows more hidden than the overhead: a pipeline not measured faster is not chosen.
 """
 
 from __future__ import annotations
@@ -63,8 +65,11 @@ class PipelineOverlap:
     what they were computed from.
 
     Attributes:
-        overlap: share of input_dist the optimizer may count on the pipeline hiding: `share_low`
-            limited to [0, 1]. overlap · input_dist − overhead is the net saving counted on.
+        overlap: share of input_dist the pipeline hides, hidden ÷ input_dist: the cost model's
+            coefficient. overlap · input_dist − overhead is the net saving priced: the medians'
+            step difference, no more than hidden.
+        pays: whether the pipeline may be chosen: the net saving at the low end of the
+            CONFIDENCE interval (`share_low`) is above 0.
         share: (base step − sparse-dist step + overhead) ÷ input_dist, the medians' share
             before limiting (below 0: the pipeline made the step slower).
         share_low: the same with the step saving at the low end of the CONFIDENCE interval, and
@@ -83,6 +88,7 @@ class PipelineOverlap:
     """
 
     overlap: float
+    pays: bool
     share: float
     share_low: float
     input_dist_s: float
@@ -162,7 +168,7 @@ def overlap_of(
     base_step_s: float,
     sparse_dist_step_s: float,
     saving_low_s: float,
-) -> tuple[float, float, float, float, float]:
+) -> tuple[float, bool, float, float, float, float]:
     """The pipeline's coefficients from what the two profiles measured (seconds).
 
     Args:
@@ -171,18 +177,19 @@ def overlap_of(
         base_step_s, sparse_dist_step_s: the two median steps.
         saving_low_s: base step − sparse-dist step at the low end of their interval.
     Returns:
-        (overlap, share, share_low, hidden_s, overhead_s) as `PipelineOverlap` defines them:
-        hidden limited to [0, input_dist], the overhead to ≥ 0, and the net saving counted on
-        (overlap · input_dist − overhead) no more than the interval's low end, nor than
-        hidden − overhead.
+        (overlap, pays, share, share_low, hidden_s, overhead_s) as `PipelineOverlap` defines
+        them: hidden limited to [0, input_dist], the overhead to ≥ 0; the net saving priced
+        (overlap · input_dist − overhead) is the medians' saving, no more than hidden; the
+        pipeline pays where the saving at the interval's low end, no more than hidden −
+        overhead, is above 0.
     """
     hidden = min(input_dist_s, max(0.0, input_dist_s - exposed_s))
     saving = base_step_s - sparse_dist_step_s
     overhead = max(0.0, hidden - saving)
-    net = min(saving_low_s, hidden - overhead)
+    net_low = min(saving_low_s, hidden - overhead)
     share = (saving + overhead) / input_dist_s
-    share_low = (net + overhead) / input_dist_s
-    return min(1.0, max(0.0, share_low)), share, share_low, hidden, overhead
+    share_low = (net_low + overhead) / input_dist_s
+    return hidden / input_dist_s, net_low > 0, share, share_low, hidden, overhead
 
 
 def fit_pipeline_overlap(
@@ -223,11 +230,12 @@ def fit_pipeline_overlap(
     verdict = compare_profiles(b, sd, confidence=CONFIDENCE)
     step_b, step_s = verdict.baseline.median_s, verdict.candidate.median_s
     low, high = step_b - step_b / verdict.low, step_b - step_b / verdict.high
-    overlap, share, share_low, hidden, overhead = overlap_of(
+    overlap, pays, share, share_low, hidden, overhead = overlap_of(
         input_dist, exposed_s, step_b, step_s, low
     )
     return PipelineOverlap(
         overlap=overlap,
+        pays=pays,
         share=share,
         share_low=share_low,
         input_dist_s=input_dist,
@@ -244,13 +252,14 @@ def fit_pipeline_overlap(
 
 
 def with_pipeline(cal: Calibration, fit: PipelineOverlap, level: float = 1.0) -> Calibration:
-    """`cal` carrying the pipeline's measured overlap and overhead, and the two profiles they
-    were measured on. `level`: the speed level of the two profiles' job (`job_levels`); the
-    overhead, a duration, is divided by it to be at the speed `cal` was fitted at, the overlap
-    is a share and stays."""
+    """`cal` carrying the pipeline's measured overlap and overhead, whether it pays, and the two
+    profiles they were measured on. `level`: the speed level of the two profiles' job
+    (`job_levels`); the overhead, a duration, is divided by it to be at the speed `cal` was
+    fitted at, the overlap is a share and stays."""
     return dataclasses.replace(
         cal,
         pipeline_overlap=fit.overlap,
+        pipeline_pays=fit.pays,
         pipeline_overhead_s=fit.overhead_s / level,
         pipeline_profiles=fit.profiles,
     )

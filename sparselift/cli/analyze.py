@@ -92,9 +92,9 @@ def pipeline_line(fit: PipelineOverlap) -> str:
         f"thread) at an overhead of {fit.overhead_s * 1e3:.2f} ms per step (both measured); step "
         f"{fit.base_step_s * 1e3:.2f} ms base, {fit.sparse_dist_step_s * 1e3:.2f} ms sparse-dist "
         f"in {fit.sparse_dist_profile}, saving {saving * 1e3:.2f} ms "
-        f"({fit.saving_low_s * 1e3:.2f} to {fit.saving_high_s * 1e3:.2f} ms); overlap counted "
-        f"on {fit.overlap:.0%} (medians say {fit.share:.0%}, the interval's low end "
-        f"{fit.share_low:.0%})"
+        f"({fit.saving_low_s * 1e3:.2f} to {fit.saving_high_s * 1e3:.2f} ms); overlap "
+        f"{fit.overlap:.0%}; "
+        + ("measured faster" if fit.pays else "not measured faster: not chosen")
     )
 
 

@@ -105,6 +105,9 @@ class Coefficients:
     # the calibration's largest leave-one-out error, |predicted − measured| ÷ measured over its
     # profiles: how well the model predicts a plan it was not fitted on (None: not measured)
     held_out_error: float | None = None
+    # False where the profiles that measured the pipeline's overlap measured it no faster (at
+    # the low end of its interval): then it is not chosen, whatever its overlap prices
+    pipeline_pays: bool = True
 
     def replace(self, **kw: Any) -> Coefficients:
         """A copy with the fields in `kw` replaced; their evidence is left as it was (callers
@@ -299,6 +302,7 @@ def coefficients(
         kw["pipeline_overlap"] = min(1.0, max(0.0, cal.pipeline_overlap))
     if cal.pipeline_overhead_s is not None:  # measured with the overlap (else the preset's)
         kw["pipeline_overhead_s"] = max(0.0, cal.pipeline_overhead_s)
+    pays = cal.pipeline_pays is not False  # None: an older file's overlap was its low end
     unit = lookup_unit({k: f for k, f in cal.ops.items() if k in kw})
     if unit != KERNEL_UNIT:
         kw["lookup_unit"] = unit
@@ -340,7 +344,7 @@ def coefficients(
             ASSUMED, f"timed stand-alone in {origin}; no split plan's steps timed them", split
         )
     held = max((abs(h.error) for h in cal.held_out), default=None)
-    return measured.replace(profiled_types=profiled, held_out_error=held)
+    return measured.replace(profiled_types=profiled, held_out_error=held, pipeline_pays=pays)
 
 
 PIPELINE_NAMES = ("pipeline_overlap", "pipeline_overhead_s")

@@ -3,7 +3,7 @@ than TorchRec's under our model, with its predicted costs, the solver's record a
 of every coefficient it was priced with.
 
 Options that only evidence can justify are gated (`robust`): UVM caching only where memory
-forces it, the sparse-dist pipeline only with a measured overlap, 16-bit collectives only with
+forces it, the sparse-dist pipeline only where measured faster, 16-bit collectives only with
 measured costs or, for unprofiled hardware, TorchRec's estimator's agreement. Splits of tables
 into virtual tables (`Inputs.splits`) are offered only where SparseLift's model alone decides:
 what-if plans that must also hold under TorchRec's estimator get none, as it cannot price them."""
@@ -31,6 +31,7 @@ from sparselift.optimizer.robust import (
     kept_wide,
     model_stats,
     pipeline_measured,
+    pipeline_pays,
     solve_without_dominated,
     split_margin,
     torchrec_agrees,
@@ -235,6 +236,8 @@ def optimize(
 
     if not pipeline_measured(inp.coeffs):
         notes.append("pipeline base: the sparse-dist pipeline's overlap was not measured")
+    elif not pipeline_pays(inp.coeffs):
+        notes.append("pipeline base: the sparse-dist pipeline was not measured faster")
     sol, minimized = solve_at(plan_wide)
     if consult:  # what-if: 16-bit only where TorchRec's estimator also rates it faster
         agreed, line = torchrec_agrees(

@@ -19,9 +19,10 @@ Four rules, applied around the solve (`optimize`):
   step-optimal plan. A split's parts are risky while the split model's own costs (batch
   transform, recombination) are not both measured.
 * *Only what is measured to pay.* The sparse-dist pipeline only when its overlap was measured
-  (`pipeline_measured`); 16-bit collectives only when the quantize cost and the bytes' cost
-  were measured (`precision_measured`) or, planning for unprofiled hardware, when TorchRec's
-  estimator also rates the plan faster at 16 bits (`optimize`). The profiled plan, kept as it
+  and the same profiles measured it faster (`pipeline_pays`); 16-bit collectives only when the
+  quantize cost and the bytes' cost were measured (`precision_measured`) or, planning for
+  unprofiled hardware, when TorchRec's estimator also rates the plan faster at 16 bits
+  (`optimize`). The profiled plan, kept as it
   is, keeps either only where no profile measured it to cost (`kept_wide`).
 * *A rewrite only past the model's error.* No profile has run a split the plan would make, so a
   plan with splits is taken over the best plan without only when it is predicted faster by more
@@ -89,6 +90,12 @@ def split_costs_measured(coeffs: Coefficients) -> bool:
     return coeffs.measured("batch_transform") and coeffs.measured("recombine_b_s")
 
 
+def pipeline_pays(coeffs: Coefficients) -> bool:
+    """Whether the sparse-dist pipeline may be chosen: measured (`pipeline_measured`), and
+    measured faster by the profiles that measured it (`Coefficients.pipeline_pays`)."""
+    return pipeline_measured(coeffs) and coeffs.pipeline_pays
+
+
 def pipeline_measured(coeffs: Coefficients) -> bool:
     """Whether the sparse-dist pipeline's pay-off is measured: its overlap came from profiles.
 
@@ -130,7 +137,8 @@ def kept_wide(
     It keeps its shards, and its 16-bit collectives and sparse-dist pipeline unless profiles
     measured them not to pay: 16 bits where their cost was measured and `allowed` (the
     precision `gate_precision` settled on) is fp32; sparse-dist where its overlap was measured
-    and the model prices these shards faster under the base pipeline. What no profile measured
+    and it was measured no faster, or the model prices these shards faster under the base
+    pipeline. What no profile measured
     stays as the user runs it: dropping it would be a choice without evidence too.
 
     Returns:
@@ -145,8 +153,11 @@ def kept_wide(
     if (
         out.pipeline != "base"
         and pipeline_measured(model.coeffs)
-        and model.evaluate(tables, choices, base).step_time_s
-        <= model.evaluate(tables, choices, out).step_time_s
+        and (
+            not pipeline_pays(model.coeffs)
+            or model.evaluate(tables, choices, base).step_time_s
+            <= model.evaluate(tables, choices, out).step_time_s
+        )
     ):
         out = base
         lines.append("the profiled plan's sparse-dist pipeline is measured not to pay: base")
@@ -229,7 +240,7 @@ def robust_problem(
     classes: dict[str, list[OptionClass]],
     splits: dict[str, list[SplitOption]] | None = None,
 ) -> Problem:
-    """A `Problem` with this module's rules set: the pipeline only where measured, the risky
+    """A `Problem` with this module's rules set: the pipeline only where measured to pay, the risky
     (table, class) pairs and the penalty per risky choice."""
     coeffs = model.coeffs
     parts = {q.name for opts in (splits or {}).values() for o in opts for q in o.parts}
@@ -240,9 +251,7 @@ def robust_problem(
         for c in cs
         if risky_class(c, coeffs) or (split_risky and name in parts)
     )
-    p = Problem(
-        stats, model, plan_wide, classes, pipeline_measured(coeffs), risky, splits=splits or {}
-    )
+    p = Problem(stats, model, plan_wide, classes, pipeline_pays(coeffs), risky, splits=splits or {})
     p.risk_penalty_ns = risk_penalty_ns(p)
     return p
 
