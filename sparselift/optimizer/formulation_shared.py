@@ -90,7 +90,7 @@ def classes_and_fixed_costs(
         whole = p.model.recombine_whole_s(p.stats)
         fixed_cost[PHASES.index("lookup_fwd")] += to_ns(whole) * any_split
     sparse_dist = m.new_bool_var("pipeline_sparse_dist")
-    if not p.allow_sparse_dist:  # its pay-off is not measured (`robust.pipeline_measured`)
+    if not p.allow_sparse_dist:  # not measured to pay (`robust.pipeline_pays`)
         m.add(sparse_dist == 0)
     return fixed_cost, sparse_dist
 

@@ -35,7 +35,7 @@ class Problem:
             solver decides the pipeline).
         classes: per table, the option classes still feasible for it.
         allow_sparse_dist: whether the sparse-dist pipeline may be chosen (`robust`: only when
-            its pay-off was measured).
+            measured faster, `pipeline_pays`).
         risky: the (table, class) pairs the secondary objective counts as risky.
         risk_penalty_ns: the objective's penalty per risky choice (and for the pipeline), in
             nanoseconds; 0 turns the secondary objective off.
