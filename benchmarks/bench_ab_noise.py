@@ -4,7 +4,7 @@ Per workload, two A/Bs: TorchRec's plan against a byte-identical copy of itself 
 ratio is 1), and TorchRec's plan against the round-robin reference (a real difference). Each is
 measured `--repeats` times by each method (`sparselift bench`'s two modes, `--rounds` rounds ×
 `--steps` steps), the methods alternating repeat by repeat. Printed per method: each repeat's
-median per-round ratio and its 95 % bootstrap interval (`tune.ratio_interval`, what `tune`
+median per-round ratio and its 95 % bootstrap interval (`compare.ratio_interval`, what `tune`
 ships on), the A/A error |ratio − 1| and how often the A/A interval excludes 1 (a false verdict),
 and the wall time.
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import bench_plans
 
+from sparselift.analysis.compare import ratio_interval
 from sparselift.bench import Contender, run_bench
-from sparselift.tune import ratio_interval
 from sparselift.workloads.harness import TrainConfig
 
 MAX_ROWS = {"tiny": None, "multihot-26": 200_000, "criteo-kaggle": 200_000}

@@ -67,7 +67,7 @@ from cli_steps import sh
 from plan_set import neighbours
 
 from sparselift import plans
-from sparselift.analysis.compare import steady_steps
+from sparselift.analysis.compare import ratio_interval, steady_steps
 from sparselift.optimizer.coefficients import coefficients, load_calibration
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.predict import predict_plan
@@ -75,7 +75,7 @@ from sparselift.optimizer.table_stats import TableStats, stats_from_profile
 from sparselift.optimizer.topology import Topology, profiled_topology
 from sparselift.profiler.from_ranks import profile_side_by_side
 from sparselift.profiler.hot_ids import HotIds, read_hot_ids
-from sparselift.tune import calibration_plans, ratio_interval
+from sparselift.tune import calibration_plans
 from sparselift.workloads.harness import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -83,6 +83,7 @@ SHAPES: dict[str, tuple[str, Any]] = {
         ),
     ),
     "side_by_side_job": ("a non-empty string", lambda v: isinstance(v, str) and v != ""),
+    "steady_turn_steps": ("an integer >= 1", lambda v: _int(v, 1)),
     "side_by_side_plans": (
         "a list of plan paths or nulls",
         _list_of(lambda x: x is None or isinstance(x, str)),

@@ -28,21 +28,17 @@ import dataclasses
 import io
 import json
 import math
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from sparselift.analysis.compare import steady_steps
+from sparselift.analysis.compare import ratio_interval, steady_steps
 from sparselift.atomic import write_bytes, write_json
 from sparselift.bench import MAX_ROUNDS, Contender, run_bench
 from sparselift.errors import UserError
 from sparselift.workloads.harness import MAX_STEPS, TrainConfig
 
-RESAMPLES = 4000  # bootstrap resamples of the A/B rounds
 STEADY_STEPS = 10  # each profile's steady steps at least (`sparselift profile`'s default)
 CONFIDENCE = 0.95
 
@@ -187,18 +183,6 @@ def row_wise_variant(plan: str, work: Path) -> str | None:
     out = work / f"{Path(plan).stem}-row-wise.json"
     write_json(out, doc)
     return str(out)
-
-
-def ratio_interval(ratios: list[float], seed: int = 0) -> tuple[float, float, float]:
-    """(median, low, high) of per-round ratios; the interval bootstraps the rounds (seeded).
-
-    Rounds pair the two plans under the same host state, so each round's own ratio is the unit.
-    """
-    x = np.array(ratios)
-    boot = np.median(np.random.default_rng(seed).choice(x, size=(RESAMPLES, len(x))), axis=1)
-    tail = (1.0 - CONFIDENCE) / 2.0
-    low, high = np.quantile(boot, [tail, 1.0 - tail])
-    return statistics.median(ratios), float(low), float(high)
 
 
 Command = Callable[[list[str]], int]  # `sparselift.cli.main`: argv → exit code
@@ -399,7 +383,7 @@ def _ab(
     bench = run_bench(base, [cand, bl], rounds, echo=lambda s: echo(f"tune: A/B {s}"))
     write_json(work / "bench.json", bench.to_json())
     result.ab_ratios = [c / b for c, b in zip(cand.steps_per_s, bl.steps_per_s, strict=True)]
-    result.ratio, result.low, result.high = ratio_interval(result.ab_ratios)
+    result.ratio, result.low, result.high = ratio_interval(result.ab_ratios, CONFIDENCE)
     measured = (
         f"measured {result.ratio:.3f}x over the baseline ({CONFIDENCE:.0%} interval "
         f"{result.low:.3f}-{result.high:.3f}, {rounds} rounds {bench.runs})"

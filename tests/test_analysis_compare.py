@@ -60,6 +60,34 @@ def test_steady_steps_after_the_window_are_compared_not_the_profiled_ones(tmp_pa
     assert v.candidate_faster and v.ratio == pytest.approx(0.010 / 0.008)
 
 
+def _side_by_side(d: Path, job: str, turns: list[list[float]]) -> Path:
+    """`d` as a profile of side-by-side job `job` whose steady steps are `turns`."""
+    m = json.loads((d / "manifest.json").read_text())
+    m.update(
+        side_by_side_job=job,
+        steady_turn_steps=len(turns[0]),
+        steady_step_s=[t for turn in turns for t in turn],
+    )
+    (d / "manifest.json").write_text(json.dumps(m))
+    return d
+
+
+def test_profiles_of_one_side_by_side_job_are_compared_round_by_round(tmp_path):
+    # the host's speed drifts 1.35x between rounds; in every round the candidate is 3 % faster
+    drift = [1.0, 1.3, 0.95, 1.2, 1.1, 0.97, 1.25, 1.05]
+    base_turns = [[0.0100 * f, 0.0101 * f] for f in drift]
+    cand_turns = [[t / 1.03 for t in turn] for turn in base_turns]
+    base = _side_by_side(_profile(tmp_path, "base"), "job1", base_turns)
+    cand = _side_by_side(_profile(tmp_path, "cand"), "job1", cand_turns)
+    v = compare_profiles(base, cand)
+    assert v.paired_rounds == len(drift) and v.candidate_faster
+    assert v.ratio == pytest.approx(1.03) and "paired over 8 rounds" in v.summary()
+    # the same steps from two jobs of their own cannot be paired: the drift swamps the 3 %
+    other = _side_by_side(_profile(tmp_path, "other"), "job2", cand_turns)
+    u = compare_profiles(base, other)
+    assert u.paired_rounds == 0 and u.low < 1.0 < u.high and not u.candidate_faster
+
+
 def test_the_verdict_repeats_exactly(tmp_path):
     base, cand = _profile(tmp_path, "a"), _profile(tmp_path, "b", 0.97)
     assert compare_profiles(base, cand) == compare_profiles(base, cand)

@@ -39,6 +39,7 @@ def test_profile_also_writes_one_profile_per_plan_from_one_job(tmp_path):
         assert m["profiled_steps"] == list(range(WARMUP, WARMUP + STEPS))
         assert [len(t) for t in m["step_times_s"]] == [per_plan, per_plan]
         assert len(m["steady_step_s"]) == STEADY and all(s > 0 for s in m["steady_step_s"])
+        assert m["steady_turn_steps"] == STEADY // ROUNDS
         # the kernels timed in its window and every step it ran after it
         after = per_plan - WARMUP - STEPS
         assert [(len(r["window"]), len(r["steady"])) for r in m["lookup_s"]] == [(STEPS, after)] * 2
@@ -69,6 +70,7 @@ def test_a_contender_without_a_directory_is_trained_but_not_profiled(tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     assert m["side_by_side_plans"] == [str(rr), None]
     assert m["steady_step_s"] == [s for turn in measured.step_times_s[0] for s in turn]
+    assert m["steady_turn_steps"] == cfg.steps
 
 
 @pytest.mark.slow

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from sparselift.analysis.compare import steady_steps
+from sparselift.analysis.compare import ratio_interval, steady_steps
 from sparselift.cli import main
-from sparselift.tune import ratio_interval, tune
+from sparselift.tune import tune
 from sparselift.tune_report import write_tune_report
 from sparselift.workloads.harness import TrainConfig
 from sparselift.workloads.launch import RankFailed

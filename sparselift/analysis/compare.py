@@ -5,6 +5,11 @@ a shared host. The verdict therefore compares the steady steps of the two profil
 the profiled window, which run as unprofiled steps do; the window's own steps only when a profile
 has none after it) and gives a bootstrap interval of the ratio of their medians. The candidate is
 called faster only when the interval's lower end is above 1.
+
+Two profiles of one side-by-side job (`profile --also`) took their steady steps in turns of the
+same rounds, so each round pairs them under one host state: the verdict is then the median of the
+rounds' ratios, with the rounds bootstrapped (`ratio_interval`). A host's speed drifts between
+rounds by more than most plans differ, and pairing takes that drift out of the ratio.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 from sparselift.analysis.profile import read_manifest
 from sparselift.errors import UserError
 
-RESAMPLES = 4000  # bootstrap resamples of each profile's steps
+RESAMPLES = 4000  # bootstrap resamples of each profile's steps, or of the paired rounds
 MIN_STEPS = 3  # fewer steady steps than this cannot carry an interval
 
 
@@ -49,9 +54,11 @@ class Verdict:
 
     Attributes:
         baseline, candidate: the steps compared.
-        ratio: median baseline step ÷ median candidate step.
+        ratio: median baseline step ÷ median candidate step; paired: the median of the rounds'
+            ratios of their turns' medians.
         low, high: the `confidence` bootstrap interval of `ratio`.
         confidence: e.g. 0.95.
+        paired_rounds: the side-by-side rounds the ratio pairs (0: the steps unpaired).
     """
 
     baseline: SteadySteps
@@ -60,6 +67,7 @@ class Verdict:
     low: float
     high: float
     confidence: float
+    paired_rounds: int = 0
 
     @property
     def candidate_faster(self) -> bool:
@@ -81,9 +89,10 @@ class Verdict:
             if self.candidate_slower
             else f"no difference measured at {pct}: keep the baseline"
         )
+        over = f", paired over {self.paired_rounds} rounds" if self.paired_rounds else ""
         return (
-            f"measured ratio {self.ratio:.3f}x (baseline step / candidate step; {pct} interval "
-            f"{self.low:.3f}-{self.high:.3f}): {what}"
+            f"measured ratio {self.ratio:.3f}x (baseline step / candidate step{over}; {pct} "
+            f"interval {self.low:.3f}-{self.high:.3f}): {what}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -182,8 +191,10 @@ def compare_profiles(
 ) -> Verdict:
     """The verdict on `candidate` against `baseline`, two profiles of the same job.
 
-    The interval resamples each profile's steps with replacement (RESAMPLES times, a fixed seed,
-    so the same profiles give the same verdict) and takes the ratio of the medians.
+    Profiles of one side-by-side job whose steady steps are its turns (`paired_turns`) are
+    compared round by round (`ratio_interval`). Otherwise the interval resamples each profile's
+    steps with replacement (RESAMPLES times) and takes the ratio of the medians. Both use a
+    fixed seed, so the same profiles give the same verdict.
 
     Raises:
         UserError: different jobs, too few steps, or a confidence outside (0, 1).
@@ -192,6 +203,12 @@ def compare_profiles(
         raise UserError(f"--confidence must be between 0 and 1, got {confidence}")
     check_same_job(baseline, candidate)
     base, cand = steady_steps(baseline), steady_steps(candidate)
+    turns = paired_turns(baseline, candidate)
+    if turns is not None:
+        b, c = turns
+        rounds = [statistics.median(x) / statistics.median(y) for x, y in zip(b, c, strict=True)]
+        ratio, low, high = ratio_interval(rounds, confidence, seed)
+        return Verdict(base, cand, ratio, low, high, confidence, paired_rounds=len(rounds))
     rng = np.random.default_rng(seed)
     xb, xc = np.array(base.steps_s), np.array(cand.steps_s)
     mb = np.median(rng.choice(xb, size=(RESAMPLES, len(xb))), axis=1)
@@ -206,3 +223,43 @@ def compare_profiles(
         high=float(high),
         confidence=confidence,
     )
+
+
+def paired_turns(
+    baseline: str | Path, candidate: str | Path
+) -> tuple[list[list[float]], list[list[float]]] | None:
+    """Both profiles' steady steps as their turns, round by round, where they pair: profiles of
+    one side-by-side job (`side_by_side_job`) with turns of the same length (`steady_turn_steps`),
+    the same number of them, and at least MIN_STEPS rounds; otherwise None."""
+    a, b = read_manifest(Path(baseline)), read_manifest(Path(candidate))
+    job, n = a.get("side_by_side_job"), a.get("steady_turn_steps")
+    sa, sb = a.get("steady_step_s") or [], b.get("steady_step_s") or []
+    if (
+        not job
+        or not n
+        or (b.get("side_by_side_job"), b.get("steady_turn_steps")) != (job, n)
+        or len(sa) != len(sb)
+        or len(sa) % n
+        or len(sa) // n < MIN_STEPS
+    ):
+        return None
+
+    def turns(steps: list[Any]) -> list[list[float]]:
+        return [[float(x) for x in steps[i : i + n]] for i in range(0, len(steps), n)]
+
+    return turns(sa), turns(sb)
+
+
+def ratio_interval(
+    ratios: list[float], confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
+    """(median, low, high) of per-round ratios; the `confidence` interval bootstraps the rounds
+    (RESAMPLES times, seeded).
+
+    Rounds pair two plans under the same host state, so each round's own ratio is the unit.
+    """
+    x = np.array(ratios)
+    boot = np.median(np.random.default_rng(seed).choice(x, size=(RESAMPLES, len(x))), axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(boot, [tail, 1.0 - tail])
+    return statistics.median(ratios), float(low), float(high)

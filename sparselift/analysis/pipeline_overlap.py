@@ -20,7 +20,8 @@ under sparse-dist; then two measurements tell them apart:
 Window times (input_dist, its exposed part) are scaled to the steady step by each profile's
 profiler inflation, as the calibration's samples are (`evidence.scaled_to_steady`). The overlap
 the cost model prices with is the share the trace shows hidden, and the net saving it prices
-(hidden − overhead) is the medians' step difference, never more than the trace shows hidden:
+(hidden − overhead) is the measured step difference (`compare.compare_profiles`: round by round
+where the two were profiled side by side), never more than the trace shows hidden:
 the best estimate, so that plans under either pipeline are predicted alike. Whether the
 pipeline may be chosen is a separate verdict: on a shared host two profiles' steps differ by
 noise as much as by the pipeline, so it *pays* only where the step difference at the low end of
@@ -66,11 +67,11 @@ class PipelineOverlap:
 
     Attributes:
         overlap: share of input_dist the pipeline hides, hidden ÷ input_dist: the cost model's
-            coefficient. overlap · input_dist − overhead is the net saving priced: the medians'
+            coefficient. overlap · input_dist − overhead is the net saving priced: the measured
             step difference, no more than hidden.
         pays: whether the pipeline may be chosen: the net saving at the low end of the
             CONFIDENCE interval (`share_low`) is above 0.
-        share: (base step − sparse-dist step + overhead) ÷ input_dist, the medians' share
+        share: (base step − sparse-dist step + overhead) ÷ input_dist, the measured share
             before limiting (below 0: the pipeline made the step slower).
         share_low: the same with the step saving at the low end of the CONFIDENCE interval, and
             the saving no more than hidden − overhead.
@@ -81,8 +82,10 @@ class PipelineOverlap:
         hidden_s: input_dist − exposed, limited to [0, input_dist].
         overhead_s: sparse-dist step − base step + hidden, at least 0: what the pipeline costs
             per step beyond what it hides.
-        base_step_s, sparse_dist_step_s: median steady step of each profile (slowest rank;
-            the profiled window's where too few steps were timed after it).
+        base_step_s: the base profile's median steady step (slowest rank; the profiled
+            window's where too few steps were timed after it).
+        sparse_dist_step_s: the base step ÷ the measured ratio (`compare_profiles`: paired
+            round by round where both were profiled side by side, else the median step).
         saving_low_s, saving_high_s: the CONFIDENCE interval of base step − sparse-dist step.
         base_profile, sparse_dist_profile: the two profile directories.
     """
@@ -179,7 +182,7 @@ def overlap_of(
     Returns:
         (overlap, pays, share, share_low, hidden_s, overhead_s) as `PipelineOverlap` defines
         them: hidden limited to [0, input_dist], the overhead to ≥ 0; the net saving priced
-        (overlap · input_dist − overhead) is the medians' saving, no more than hidden; the
+        (overlap · input_dist − overhead) is the measured saving, no more than hidden; the
         pipeline pays where the saving at the interval's low end, no more than hidden −
         overhead, is above 0.
     """
@@ -228,7 +231,8 @@ def fit_pipeline_overlap(
     steady = window_inflation(ms, exposed["step_s"])
     exposed_s = statistics.median(exposed["input_dist_s"]) / max(1.0, steady[1] if steady else 1.0)
     verdict = compare_profiles(b, sd, confidence=CONFIDENCE)
-    step_b, step_s = verdict.baseline.median_s, verdict.candidate.median_s
+    step_b = verdict.baseline.median_s
+    step_s = step_b / verdict.ratio  # the median step where unpaired
     low, high = step_b - step_b / verdict.low, step_b - step_b / verdict.high
     overlap, pays, share, share_low, hidden, overhead = overlap_of(
         input_dist, exposed_s, step_b, step_s, low

@@ -28,7 +28,7 @@ def write_from_parent(
     extras: list[dict[str, Any]],
     step_times_s: list[list[float]],
     peak_memory_bytes: list[int],
-    side_by_side: tuple[list[str | None], list[float], str] | None = None,
+    side_by_side: tuple[list[str | None], list[list[float]], str] | None = None,
 ) -> None:
     """Write the profile from rank 0's facts and rows (`extras[0]`, its hook's `finish()`), with
     the harness's own step times and peak memory for every rank; the steady steps rank 0
@@ -42,8 +42,9 @@ def write_from_parent(
         peak_memory_bytes: every rank's peak memory.
         side_by_side: in a side-by-side job, its plans (this one included: manifest
             `side_by_side_plans`; the peak memory is then the whole job's), this plan's
-            timed turns, which become `steady_step_s`, and the job's id (`side_by_side_job`,
-            the same in every profile of the job); None: a plain job.
+            timed turns, round by round, which become `steady_step_s` (`steady_turn_steps`
+            each), and the job's id (`side_by_side_job`, the same in every profile of the job);
+            None: a plain job.
     Raises:
         OSError: a file cannot be written (UnwritablePathError included).
     """
@@ -54,7 +55,9 @@ def write_from_parent(
     facts.step_times_s = step_times_s
     first, n = facts.warmup + len(facts.profiled_steps), len(facts.steady_step_s)
     if side_by_side is not None:
-        facts.side_by_side_plans, facts.steady_step_s, facts.side_by_side_job = side_by_side
+        facts.side_by_side_plans, turns, facts.side_by_side_job = side_by_side
+        facts.steady_step_s = [s for turn in turns for s in turn]
+        facts.steady_turn_steps = len(turns[0]) if turns else None
     elif all(len(t) >= first + n for t in step_times_s):
         facts.steady_step_s = [max(t[i] for t in step_times_s) for i in range(first, first + n)]
     facts.peak_memory_bytes = peak_memory_bytes
@@ -124,14 +127,13 @@ def profile_side_by_side(
             errors.append(f"{out}: rank 0 returned no statistics")
             continue
         errors += [f"{out}: rank {r}: {e}" for r, x in enumerate(extras) for e in x["errors"]]
-        turns = [s for turn in measured.step_times_s[c] for s in turn]
         try:
             write_from_parent(
                 out,
                 extras,
                 measured.rank_steps_s[c],
                 measured.peak_memory_bytes,
-                (job.contenders, turns, job_id),
+                (job.contenders, measured.step_times_s[c], job_id),
             )
         except OSError as e:
             errors.append(f"writing {out}: {e}")

@@ -174,6 +174,8 @@ class ProfileFacts:
     # one's included; null: a job of its own. Side by side, peak_memory_bytes is the job's.
     side_by_side_plans: list[str | None] | None = None
     side_by_side_job: str | None = None  # that job's id, shared by its profiles; null: as above
+    # side by side, the steps of each of its rounds' turns: steady_step_s is the turns in order
+    steady_turn_steps: int | None = None
     # the model's own tables where `tables` are a split plan's virtual ones; null: they are
     model_tables: list[dict[str, Any]] | None = None
     splits: list[dict[str, Any]] | None = None  # that plan's splits, as its file writes them
