@@ -147,6 +147,14 @@ def levelled(turns: dict[str, list[float]]) -> dict[str, float]:
     return {k: statistics.median(rel[k]) * scale for k in names}
 
 
+def split_half_tau(rows: list[dict[str, Any]]) -> float:
+    """τ-b between the levelled order of the even rounds and that of the odd rounds: how far
+    the measurement reproduces its own order, the most a prediction's τ can be expected to
+    reach against it (plans inside each other's noise swap places from half to half)."""
+    halves = [levelled({r["plan"]: r["turns_s"][k::2] for r in rows}) for k in (0, 1)]
+    return kendall_tau(*(list(h.values()) for h in halves))
+
+
 def _common(workload: str, max_rows: int | None) -> list[str]:
     return ["--workload", workload, *(["--max-rows", str(max_rows)] if max_rows else [])]
 
@@ -329,7 +337,7 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
         f"{'workload':<14} {'plan':<44} {'pred. ms':>9} {'meas. ms':>9} {'levelled':>9} "
         f"{'passes ms':>17} {'paired':>7} {'unpaired':>8}"
     )
-    taus, taus_unpaired, taus_raw = {}, {}, {}
+    taus, taus_unpaired, taus_raw, taus_halves = {}, {}, {}, {}
     for wl, group in itertools.groupby(rows, key=lambda r: r["workload"]):
         g = list(group)
         for r in g:
@@ -343,12 +351,14 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
         taus[wl] = kendall_tau([r["predicted_s"] for r in g], measured)
         taus_unpaired[wl] = kendall_tau([r["unpaired_predicted_s"] for r in g], measured)
         taus_raw[wl] = kendall_tau([r["predicted_s"] for r in g], [r["measured_s"] for r in g])
+        taus_halves[wl] = split_half_tau(g)
         agree, resolved = resolved_pairs(g)
         print(
             f"{wl:<14} Kendall τ (predicted vs levelled measured order) {taus[wl]:.2f} "
             f"(unpaired {taus_unpaired[wl]:.2f}; against the raw medians {taus_raw[wl]:.2f}); "
             f"pairs the measurement orders: {resolved} of {len(g) * (len(g) - 1) // 2}, "
-            f"predicted alike {agree}"
+            f"predicted alike {agree}; the measurement against itself (even vs odd rounds) "
+            f"{taus_halves[wl]:.2f}"
         )
     within = sum(abs(r["error"]) <= 0.10 for r in rows)
     within_unpaired = sum(abs(r["unpaired_error"]) <= 0.10 for r in rows)
@@ -363,6 +373,7 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "kendall_tau": taus,
         "kendall_tau_unpaired": taus_unpaired,
         "kendall_tau_raw": taus_raw,
+        "kendall_tau_split_half": taus_halves,
         "within_10pct": share,
         "within_10pct_unpaired": within_unpaired / len(rows),
     }
