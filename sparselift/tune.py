@@ -11,9 +11,10 @@ plans tell more coefficients apart; a split plan's profile, of the model's table
 virtual ones, is fitted with the others, and the statistics are read from one without splits),
 re-plans, and so on until the plan is a fixed point (or one already profiled) or the iteration
 budget is spent. Then it measures candidate and baseline in an A/B: both trained side by side in
-one job, taking turns (`workloads.side_by_side`). The candidate is shipped only when the lower
-end of the interval of the measured ratio is above 1: a model's prediction is evidence for
-trying a plan, not for shipping it.
+one job, taking turns (`workloads.side_by_side`), each plan as two models (two models of one
+plan step apart by where their memory landed). The candidate is shipped only when the lower
+end of the interval of the measured ratio, over every pair of models, is above 1: a model's
+prediction is evidence for trying a plan, not for shipping it.
 
 Each step runs a `sparselift` command in-process (profile, analyze, optimize, plan: the caller
 passes the CLI's entry point, so this module does not import the CLI), so it takes the same
@@ -28,6 +29,7 @@ import dataclasses
 import io
 import json
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,9 @@ from sparselift.workloads.harness import MAX_STEPS, TrainConfig
 
 STEADY_STEPS = 10  # each profile's steady steps at least (`sparselift profile`'s default)
 CONFIDENCE = 0.95
+# models of each plan in the A/B: two models of one plan in one job step apart by where their
+# memory landed, by the same share every round (benchmarks/README.md), which rounds cannot show
+AB_MODELS = 2
 
 
 class StepFailed(Exception):
@@ -89,8 +94,10 @@ class TuneResult:
         iterations: the profiled plans, in order.
         fixed_point: whether the loop stopped because re-planning gave the same plan, or one
             already profiled (then the candidate is that one).
-        ab_ratios: per A/B round, candidate steps/s ÷ baseline steps/s (empty without A/B).
-        ratio, low, high: the median per-round ratio and its bootstrap interval (None without A/B).
+        ab_ratios: per A/B round, candidate steps/s ÷ baseline steps/s, each the geometric
+            mean over its models (empty without A/B).
+        ratio, low, high: the median per-round ratio and the interval over every pair of
+            models (`ab_interval`; None without A/B).
         shipped: "candidate" or "baseline".
         reason: one line saying why.
     """
@@ -376,23 +383,67 @@ def _ab(
     hook_args: dict[str, Any],
     echo: Callable[[str], None],
 ) -> None:
-    """A/B of candidate vs baseline, side by side in one job; sets the ratios, interval and
-    verdict, and writes the runs as `work`/bench.json (the `sparselift bench --json` format)."""
+    """A/B of candidate vs baseline, each as AB_MODELS models side by side in one job (built
+    candidate, baseline, baseline, candidate: neither plan always built first); sets the ratios,
+    interval (`ab_interval`) and verdict, and writes the runs as `work`/bench.json (the
+    `sparselift bench --json` format)."""
     base = dataclasses.replace(cfg, hook=hook, hook_args=hook_args, progress=False)
-    cand, bl = Contender("candidate", result.candidate), Contender("baseline", result.baseline)
-    bench = run_bench(base, [cand, bl], rounds, echo=lambda s: echo(f"tune: A/B {s}"))
+    cands = [Contender(_model("candidate", k), result.candidate) for k in range(AB_MODELS)]
+    bases = [Contender(_model("baseline", k), result.baseline) for k in range(AB_MODELS)]
+    order = [cands[0], *bases, *cands[1:]]
+    bench = run_bench(base, order, rounds, echo=lambda s: echo(f"tune: A/B {s}"))
     write_json(work / "bench.json", bench.to_json())
-    result.ab_ratios = [c / b for c, b in zip(cand.steps_per_s, bl.steps_per_s, strict=True)]
-    result.ratio, result.low, result.high = ratio_interval(result.ab_ratios, CONFIDENCE)
+    ratios, result.ratio, result.low, result.high = ab_interval(
+        [c.steps_per_s for c in cands], [b.steps_per_s for b in bases]
+    )
+    result.ab_ratios = ratios
     measured = (
         f"measured {result.ratio:.3f}x over the baseline ({CONFIDENCE:.0%} interval "
-        f"{result.low:.3f}-{result.high:.3f}, {rounds} rounds {bench.runs})"
+        f"{result.low:.3f}-{result.high:.3f} over every pair of their {AB_MODELS} models each, "
+        f"{rounds} rounds {bench.runs})"
     )
     if result.low > 1.0:
         result.shipped, result.reason = "candidate", f"SparseLift's plan {measured}: shipped it"
     else:
         result.shipped = "baseline"
         result.reason = f"SparseLift's plan {measured}: not measured faster, kept the baseline"
+
+
+def _model(plan: str, k: int) -> str:
+    """The bench label of model `k` of `plan` in the A/B."""
+    return plan if k == 0 else f"{plan}, model {k + 1}"
+
+
+def ab_interval(
+    candidates: list[list[float]], baselines: list[list[float]], confidence: float = CONFIDENCE
+) -> tuple[list[float], float, float, float]:
+    """The A/B's per-round ratios, their median, and an interval that holds for every model.
+
+    Args:
+        candidates, baselines: each model's steps/s per round (every plan trained as several
+            models side by side in one job).
+        confidence: of each pair's interval.
+    Returns:
+        (ratios, median, low, high): per round, the geometric mean of the candidate's models'
+        steps/s over that of the baseline's; their median; the lowest low end and the highest
+        high end of the `confidence` intervals (`ratio_interval`) of every candidate model
+        against every baseline model.
+
+    Why every pair: a model's offset (where its memory landed) is the same in every round, so
+    the rounds of one pair cannot show it, while a pair of other models can. The candidate ships
+    only when it is faster than every model of the baseline, in each of its own models.
+    """
+    pairs = [
+        ratio_interval([x / y for x, y in zip(c, b, strict=True)], confidence)
+        for c in candidates
+        for b in baselines
+    ]
+    ratios = [
+        statistics.geometric_mean(c) / statistics.geometric_mean(b)
+        for c, b in zip(zip(*candidates, strict=True), zip(*baselines, strict=True), strict=True)
+    ]
+    low, high = min(p[1] for p in pairs), max(p[2] for p in pairs)
+    return ratios, statistics.median(ratios), low, high
 
 
 def _step(what: str, argv: list[str], run: Command, echo: Callable[[str], None]) -> None:

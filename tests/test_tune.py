@@ -8,7 +8,7 @@ import pytest
 
 from sparselift.analysis.compare import ratio_interval, steady_steps
 from sparselift.cli import main
-from sparselift.tune import tune
+from sparselift.tune import ab_interval, tune
 from sparselift.tune_report import write_tune_report
 from sparselift.workloads.harness import TrainConfig
 from sparselift.workloads.launch import RankFailed
@@ -32,6 +32,21 @@ def test_the_interval_is_of_the_per_round_ratios():
     med, low, high = ratio_interval([1.2, 1.25, 1.3, 1.22, 1.28])
     assert med == 1.25 and 1.2 <= low < med < high <= 1.3
     assert ratio_interval([0.9, 1.1, 1.0])[1] < 1.0 < ratio_interval([0.9, 1.1, 1.0])[2]
+
+
+def test_the_candidate_must_beat_every_model_of_the_baseline():
+    # one baseline model landed slow (7 % in every round): against it alone the candidate
+    # measures faster, against the other model of the same plan it does not
+    cand = [[10.0, 10.1, 9.9, 10.0, 10.05, 9.95]] * 2
+    slow = [x / 1.07 for x in cand[0]]
+    even = [10.1, 9.9, 10.0, 10.05, 9.9, 10.0]
+    assert ratio_interval([c / b for c, b in zip(cand[0], slow, strict=True)])[1] > 1.0
+    ratios, ratio, low, high = ab_interval(cand, [slow, even])
+    assert low < 1.0 < ratio < high
+    # per round the geometric means' ratio: round 0 is 10 / sqrt(10 / 1.07 * 10.1)
+    assert ratios[0] == pytest.approx(10.0 / (10.0 / 1.07 * 10.1) ** 0.5)
+    # faster than both models in every round: shipped
+    assert ab_interval(cand, [slow, [x / 1.05 for x in even]])[1] > 1.0
 
 
 def _tune(tmp_path, baseline, out, **ab_hook):

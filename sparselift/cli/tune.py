@@ -1,5 +1,5 @@
 """`sparselift tune`: plan → profile → re-plan until a fixed point, then ship only what measured
-faster in an A/B against the baseline (both side by side in one job)."""
+faster in an A/B against the baseline (both side by side in one job, two models of each)."""
 
 from __future__ import annotations
 
