@@ -191,8 +191,9 @@ def profile(
 
 
 def calibration_set(torchrec: Path, d: Path) -> tuple[list[Path], list[Path]]:
-    """The calibration set's plans (`torchrec` under base, sparse-dist, at 16-bit collectives
-    and with its largest table row-wise, as `tune` profiles its baseline; written into `d`) and
+    """The calibration set's plans (`torchrec` under base, sparse-dist, at 16-bit collectives,
+    with its largest table row-wise and as a second model, as `tune` profiles its baseline;
+    written into `d`) and
     their profile directories in `d`."""
     d.mkdir(parents=True, exist_ok=True)
     variants = calibration_plans(str(torchrec), d, baseline=str(torchrec))

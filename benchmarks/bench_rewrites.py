@@ -255,8 +255,8 @@ def make_plans(workload: str, rows: int, nproc: int, out: Path) -> tuple[dict[st
     topo = ["--world-size", str(nproc)]
     sh("plan", "from-torchrec", *common, *topo, "--out", str(files["torchrec"]))
     sh("plan", "round-robin", *common, *topo, "--out", str(files["round-robin"]))
-    # calibrated as `tune` starts: TorchRec's plan under each pipeline, at 16 bits and with a
-    # table row-wise, side by side in one job, fitted together
+    # calibrated as `tune` starts: TorchRec's plan under each pipeline, at 16 bits, with a
+    # table row-wise and as a second model, side by side in one job, fitted together
     variants = calibration_plans(str(files["torchrec"]), out, str(files["torchrec"]))
     dirs = [str(out / f"prof_tr{suffix}") for _, suffix in variants]
     also = [

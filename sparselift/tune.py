@@ -2,9 +2,11 @@
 
 `tune` profiles the baseline plan (TorchRec's, unless one is given) under each train pipeline
 (the pair calibrates what the sparse-dist pipeline hides), at 16-bit comm precision (what 16-bit
-collectives cost) and with its largest table row-wise (what a reduce-scatter costs), all side by
-side in one job (`profile --also`: their steps are timed at one job's speed, so they differ by
-the plans alone); it plans from that calibration, profiles the candidate the same way with the
+collectives cost), with its largest table row-wise (what a reduce-scatter costs) and under the
+base pipeline again as a second model (two models of one plan step apart by where their memory
+landed: the pipeline and 16 bits must beat both, `compare.spanning`), all side by side in one
+job (`profile --also`: their steps are timed at one job's speed, so they differ by the plans
+alone); it plans from that calibration, profiles the candidate the same way with the
 baseline beside it (separate jobs run at their own speed: the plan both ran levels them,
 `analysis.job_levels`), recalibrates on every profile so far together (`analysis.joint`: more
 plans tell more coefficients apart; a split plan's profile, of the model's tables split into
@@ -145,18 +147,19 @@ def calibration_plans(plan: str, work: Path, baseline: str) -> list[tuple[str, s
     bits (what 16-bit collectives cost) and with a table row-wise (what a reduce-scatter costs,
     `row_wise_variant`, where there is one); for any other plan, the baseline under the base
     pipeline ("-baseline"): the plan both jobs ran levels this job's speed with the first's
-    (`analysis.job_levels`)."""
-    out = [
-        (plan_variant(plan, work, "base"), ""),
-        (plan_variant(plan, work, "sparse-dist"), "-sparse-dist"),
-    ]
+    (`analysis.job_levels`). Last, `plan` under the base pipeline again, as a model of its own
+    ("-model-2"): the pipeline and 16 bits are then measured faster only against both models
+    (`compare.spanning`)."""
+    base = plan_variant(plan, work, "base")
+    out = [(base, ""), (plan_variant(plan, work, "sparse-dist"), "-sparse-dist")]
     if plan != baseline:
-        return [*out, (plan_variant(baseline, work, "base"), "-baseline")]
-    out.append((plan_variant(plan, work, "base", True), "-16bit"))
-    row_wise = row_wise_variant(plan, work)
-    if row_wise is not None:
-        out.append((row_wise, "-row-wise"))
-    return out
+        out.append((plan_variant(baseline, work, "base"), "-baseline"))
+    else:
+        out.append((plan_variant(plan, work, "base", True), "-16bit"))
+        row_wise = row_wise_variant(plan, work)
+        if row_wise is not None:
+            out.append((row_wise, "-row-wise"))
+    return [*out, (base, "-model-2")]
 
 
 def row_wise_variant(plan: str, work: Path) -> str | None:

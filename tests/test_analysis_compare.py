@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparselift.analysis.compare import compare_profiles
+from sparselift.analysis.compare import compare_profiles, job_models, spanning
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -86,6 +86,23 @@ def test_profiles_of_one_side_by_side_job_are_compared_round_by_round(tmp_path):
     other = _side_by_side(_profile(tmp_path, "other"), "job2", cand_turns)
     u = compare_profiles(base, other)
     assert u.paired_rounds == 0 and u.low < 1.0 < u.high and not u.candidate_faster
+
+
+def test_a_candidate_is_faster_only_than_every_model_of_the_baseline(tmp_path):
+    # one job, the baseline plan as two models: model 1 landed 7 % slow in every round, model 2
+    # steps as the candidate does; against model 1 alone the candidate measures faster
+    rounds = [1.0, 1.1, 0.97, 1.05, 1.02, 0.99]
+    even = [[0.0100 * f, 0.0101 * f] for f in rounds]
+    slow = [[t * 1.07 for t in turn] for turn in even]
+    cand = _side_by_side(_profile(tmp_path, "cand"), "job1", [[t * 1.001 for t in u] for u in even])
+    m1 = _side_by_side(_profile(tmp_path, "model1"), "job1", slow)
+    m2 = _side_by_side(_profile(tmp_path, "model2"), "job1", even)
+    other = _side_by_side(_profile(tmp_path, "other"), "job2", slow)
+    assert compare_profiles(m1, cand).candidate_faster
+    assert job_models(cand, [str(other), str(m1), str(m2)]) == [str(m1), str(m2)]
+    both = spanning([compare_profiles(m, cand) for m in (m1, m2)])
+    assert both.ratio == compare_profiles(m1, cand).ratio and not both.candidate_faster
+    assert both.low < 1.0 < 1.06 < both.high
 
 
 def test_the_verdict_repeats_exactly(tmp_path):

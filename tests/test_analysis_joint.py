@@ -430,6 +430,28 @@ def test_a_16_bit_saving_is_counted_only_where_the_steps_measured_it(tmp_path, s
     assert not measured_faster(ev)
 
 
+def test_16_bits_must_beat_every_fp32_model_of_their_job(tmp_path):
+    # One side-by-side job: the fp32 plan as two models, 16 bits 7 % faster than model 1 in
+    # every round and as fast as model 2 (model 1 landed slow): not measured faster. Against
+    # model 1 alone, or a model 2 that is as slow, it is.
+    from test_analysis_compare import _profile, _side_by_side
+
+    from sparselift.analysis.precision_fit import measured_faster
+
+    rounds = [1.0, 1.1, 0.97, 1.05, 1.02, 0.99]
+    even = [[0.0100 * f, 0.0101 * f] for f in rounds]
+    slow = [[t * 1.07 for t in turn] for turn in even]
+
+    def model(name: str, turns: list[list[float]], precision: str) -> ProfileEvidence:
+        d = _side_by_side(_profile(tmp_path, name), "job1", turns)
+        return _output_dist(str(d), 0, 3e-9, precision)
+
+    low = model("fp16", even, "fp16")
+    assert measured_faster([model("m1", slow, "fp32"), low])
+    assert not measured_faster([model("m1b", slow, "fp32"), model("m2", even, "fp32"), low])
+    assert measured_faster([model("m1c", slow, "fp32"), model("m2b", slow, "fp32"), low])
+
+
 def test_a_calibration_without_the_pipelines_overhead_loads_with_the_presets_assumed(tmp_path):
     from sparselift.errors import UserError
     from sparselift.optimizer.coefficients import coefficients

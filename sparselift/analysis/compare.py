@@ -15,7 +15,7 @@ rounds by more than most plans differ, and pairing takes that drift out of the r
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +223,26 @@ def compare_profiles(
         high=float(high),
         confidence=confidence,
     )
+
+
+def spanning(verdicts: list[Verdict]) -> Verdict:
+    """The first of `verdicts` (one candidate against several models of the baseline plan) with
+    its interval widened to span every one's: the lowest low end and the highest high end.
+
+    Why: two models of one plan in one side-by-side job step apart by where their memory
+    landed, by the same share every round, so no one pair's rounds show it; the candidate is
+    faster only where it is faster than every model.
+    """
+    return replace(
+        verdicts[0], low=min(v.low for v in verdicts), high=max(v.high for v in verdicts)
+    )
+
+
+def job_models(candidate: str | Path, twins: list[str]) -> list[str]:
+    """Those of `twins` (profiles of the baseline plan: models of it) profiled in `candidate`'s
+    side-by-side job, in order; none where `candidate` was not profiled side by side."""
+    job = read_manifest(Path(candidate)).get("side_by_side_job")
+    return [t for t in twins if job and read_manifest(Path(t)).get("side_by_side_job") == job]
 
 
 def paired_turns(

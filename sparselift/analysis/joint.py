@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from sparselift.analysis.compare import check_same_job
+from sparselift.analysis.compare import check_same_job, job_models
 from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.fit import (
     dense_fit,
@@ -171,19 +171,19 @@ def fit_jointly(analyses: Sequence[Analysis], cache: bool = True) -> JointFit:
 
 
 def _pipeline(base: list[Analysis], sd: list[Analysis], cache: bool) -> PipelineOverlap:
-    """The pipeline's fit of the first sparse-dist profile against the base profile of its
-    plan."""
+    """The pipeline's fit of the first sparse-dist profile against the first base profile of
+    its plan, its verdict against every model of that plan in its job (`compare.job_models`)."""
     target = sd[0]
-    twin = next(
-        (a for a in base if a.manifest.get("sharding") == target.manifest.get("sharding")), None
-    )
-    where = target.calibration.provenance.profile
-    if twin is None:
+    twins = [a for a in base if a.manifest.get("sharding") == target.manifest.get("sharding")]
+    where = target.calibration.provenance.profile or ""
+    if not twins:
         raise UserError(
             f"{where}: a {SPARSE_DIST} profile needs a base-pipeline profile of the same plan "
             "among the profiles given"
         )
-    return fit_pipeline_overlap(twin, where or "", cache)
+    paths = [a.calibration.provenance.profile or "" for a in twins]
+    others = [m for m in job_models(where, paths) if m != paths[0]]
+    return fit_pipeline_overlap(twins[0], where, cache, others)
 
 
 def held_out_lines(joint: JointFit) -> list[str]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from sparselift.analysis.compare import check_same_job, compare_profiles
+from sparselift.analysis.compare import check_same_job, compare_profiles, spanning
 from sparselift.analysis.evidence import window_inflation
 from sparselift.analysis.names import PIPELINE_INPUT_DIST
 from sparselift.analysis.profile import open_profile, read_manifest
@@ -196,7 +197,10 @@ def overlap_of(
 
 
 def fit_pipeline_overlap(
-    base: Analysis, sparse_dist_profile: str | Path, cache: bool = True
+    base: Analysis,
+    sparse_dist_profile: str | Path,
+    cache: bool = True,
+    models: Sequence[str | Path] = (),
 ) -> PipelineOverlap:
     """Measure the share of input_dist the sparse-dist pipeline hides, and its overhead.
 
@@ -205,6 +209,9 @@ def fit_pipeline_overlap(
             pipeline; its critical path gives input_dist, its evidence the profiler inflation.
         sparse_dist_profile: a profile of the same job and plan under sparse-dist.
         cache: read and write the sparse-dist traces' parse cache.
+        models: other profiles of the plan under base in the same side-by-side job (other
+            models of it): the saving's interval spans the verdict against each
+            (`compare.spanning`), so the pipeline pays only where it beats every model.
     Returns:
         The PipelineOverlap (`overlap_of`).
     Raises:
@@ -230,7 +237,9 @@ def fit_pipeline_overlap(
     exposed = exposed_input_dist(sd, cache)
     steady = window_inflation(ms, exposed["step_s"])
     exposed_s = statistics.median(exposed["input_dist_s"]) / max(1.0, steady[1] if steady else 1.0)
-    verdict = compare_profiles(b, sd, confidence=CONFIDENCE)
+    verdict = spanning(
+        [compare_profiles(x, sd, confidence=CONFIDENCE) for x in (b, *map(Path, models))]
+    )
     step_b = verdict.baseline.median_s
     step_s = step_b / verdict.ratio  # the median step where unpaired
     low, high = step_b - step_b / verdict.low, step_b - step_b / verdict.high

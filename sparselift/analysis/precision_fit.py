@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from sparselift.analysis.compare import compare_profiles
+from sparselift.analysis.compare import compare_profiles, job_models, spanning
 from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.fit import fit_ops, with_rs_kinds
 from sparselift.calibration import RS_KIND, OpFit
@@ -112,19 +112,24 @@ def fit_qcomm(apart: pd.DataFrame, ops: dict[str, OpFit]) -> OpFit | None:
 def measured_faster(evidence: list[ProfileEvidence], confidence: float = CONFIDENCE) -> bool:
     """Whether a 16-bit profile's steps were measured faster than those of an fp32 profile of
     the same plan and pipeline: the low end of the `confidence` interval of their steps' ratio
-    (`compare.compare_profiles`) above 1. Pairs without enough steady steps say nothing."""
+    (`compare.compare_profiles`) above 1; where that fp32 plan was profiled in the 16-bit
+    profile's side-by-side job, above 1 against every model of it there (`compare.job_models`,
+    `compare.spanning`). Pairs without enough steady steps say nothing."""
 
     def plan(ev: ProfileEvidence) -> tuple[Any, Any]:
         return ev.manifest.get("sharding"), ev.manifest.get("pipeline")
 
     fp32 = [ev for ev in evidence if not sixteen_bit_kinds(ev.manifest)]
     for low in (ev for ev in evidence if sixteen_bit_kinds(ev.manifest)):
-        for twin in (ev for ev in fp32 if plan(ev) == plan(low)):
+        twins = [ev.profile for ev in fp32 if plan(ev) == plan(low)]
+        same = job_models(low.profile, twins)
+        for models in [same] if same else [[t] for t in twins]:
             try:
-                if compare_profiles(twin.profile, low.profile, confidence).low > 1.0:
-                    return True
+                v = spanning([compare_profiles(m, low.profile, confidence) for m in models])
             except UserError:
                 continue
+            if v.low > 1.0:
+                return True
     return False
 
 
