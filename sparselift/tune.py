@@ -31,23 +31,19 @@ import dataclasses
 import io
 import json
 import math
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparselift.analysis.compare import ratio_interval, steady_steps
+from sparselift.analysis.compare import steady_steps
 from sparselift.atomic import write_bytes, write_json
-from sparselift.bench import MAX_ROUNDS, Contender, run_bench
+from sparselift.bench import MAX_ROUNDS
 from sparselift.errors import UserError
+from sparselift.tune_ab import run_ab
 from sparselift.workloads.harness import MAX_STEPS, TrainConfig
 
 STEADY_STEPS = 10  # each profile's steady steps at least (`sparselift profile`'s default)
-CONFIDENCE = 0.95
-# models of each plan in the A/B: two models of one plan in one job step apart by where their
-# memory landed, by the same share every round (benchmarks/README.md), which rounds cannot show
-AB_MODELS = 2
 
 
 class StepFailed(Exception):
@@ -99,7 +95,7 @@ class TuneResult:
         ab_ratios: per A/B round, candidate steps/s ÷ baseline steps/s, each the geometric
             mean over its models (empty without A/B).
         ratio, low, high: the median per-round ratio and the interval over every pair of
-            models (`ab_interval`; None without A/B).
+            models (`tune_ab.ab_interval`; None without A/B).
         shipped: "candidate" or "baseline".
         reason: one line saying why.
     """
@@ -342,7 +338,15 @@ def tune(
     if same_sharding(plan, baseline):
         result.shipped, result.reason = "baseline", "SparseLift's plan is the baseline's: kept it"
     else:
-        _ab(cfg, work, result, rounds, ab_hook, ab_hook_args or {}, echo)
+        base = dataclasses.replace(cfg, hook=ab_hook, hook_args=ab_hook_args or {})
+        ab = run_ab(base, work, result.candidate, result.baseline, rounds, echo)
+        result.ab_ratios, result.ratio, result.low, result.high = (
+            ab.ratios,
+            ab.ratio,
+            ab.low,
+            ab.high,
+        )
+        result.shipped, result.reason = ab.shipped, ab.reason
     shipped = result.candidate if result.shipped == "candidate" else result.baseline
     write_json(work / "tune.json", result.to_json())
     write_bytes(out, Path(shipped).read_bytes())
@@ -375,78 +379,6 @@ def check_loop_args(
         raise UserError(f"--time-limit must be a finite number > 0, got {time_limit_s}")
     if baseline is not None:
         dataclasses.replace(cfg, plan=baseline).validate()
-
-
-def _ab(
-    cfg: TrainConfig,
-    work: Path,
-    result: TuneResult,
-    rounds: int,
-    hook: str | None,
-    hook_args: dict[str, Any],
-    echo: Callable[[str], None],
-) -> None:
-    """A/B of candidate vs baseline, each as AB_MODELS models side by side in one job (built
-    candidate, baseline, baseline, candidate: neither plan always built first); sets the ratios,
-    interval (`ab_interval`) and verdict, and writes the runs as `work`/bench.json (the
-    `sparselift bench --json` format)."""
-    base = dataclasses.replace(cfg, hook=hook, hook_args=hook_args, progress=False)
-    cands = [Contender(_model("candidate", k), result.candidate) for k in range(AB_MODELS)]
-    bases = [Contender(_model("baseline", k), result.baseline) for k in range(AB_MODELS)]
-    order = [cands[0], *bases, *cands[1:]]
-    bench = run_bench(base, order, rounds, echo=lambda s: echo(f"tune: A/B {s}"))
-    write_json(work / "bench.json", bench.to_json())
-    ratios, result.ratio, result.low, result.high = ab_interval(
-        [c.steps_per_s for c in cands], [b.steps_per_s for b in bases]
-    )
-    result.ab_ratios = ratios
-    measured = (
-        f"measured {result.ratio:.3f}x over the baseline ({CONFIDENCE:.0%} interval "
-        f"{result.low:.3f}-{result.high:.3f} over every pair of their {AB_MODELS} models each, "
-        f"{rounds} rounds {bench.runs})"
-    )
-    if result.low > 1.0:
-        result.shipped, result.reason = "candidate", f"SparseLift's plan {measured}: shipped it"
-    else:
-        result.shipped = "baseline"
-        result.reason = f"SparseLift's plan {measured}: not measured faster, kept the baseline"
-
-
-def _model(plan: str, k: int) -> str:
-    """The bench label of model `k` of `plan` in the A/B."""
-    return plan if k == 0 else f"{plan}, model {k + 1}"
-
-
-def ab_interval(
-    candidates: list[list[float]], baselines: list[list[float]], confidence: float = CONFIDENCE
-) -> tuple[list[float], float, float, float]:
-    """The A/B's per-round ratios, their median, and an interval that holds for every model.
-
-    Args:
-        candidates, baselines: each model's steps/s per round (every plan trained as several
-            models side by side in one job).
-        confidence: of each pair's interval.
-    Returns:
-        (ratios, median, low, high): per round, the geometric mean of the candidate's models'
-        steps/s over that of the baseline's; their median; the lowest low end and the highest
-        high end of the `confidence` intervals (`ratio_interval`) of every candidate model
-        against every baseline model.
-
-    Why every pair: a model's offset (where its memory landed) is the same in every round, so
-    the rounds of one pair cannot show it, while a pair of other models can. The candidate ships
-    only when it is faster than every model of the baseline, in each of its own models.
-    """
-    pairs = [
-        ratio_interval([x / y for x, y in zip(c, b, strict=True)], confidence)
-        for c in candidates
-        for b in baselines
-    ]
-    ratios = [
-        statistics.geometric_mean(c) / statistics.geometric_mean(b)
-        for c, b in zip(zip(*candidates, strict=True), zip(*baselines, strict=True), strict=True)
-    ]
-    low, high = min(p[1] for p in pairs), max(p[2] for p in pairs)
-    return ratios, statistics.median(ratios), low, high
 
 
 def _step(what: str, argv: list[str], run: Command, echo: Callable[[str], None]) -> None:

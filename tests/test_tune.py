@@ -8,7 +8,8 @@ import pytest
 
 from sparselift.analysis.compare import ratio_interval, steady_steps
 from sparselift.cli import main
-from sparselift.tune import ab_interval, tune
+from sparselift.tune import tune
+from sparselift.tune_ab import ab_interval
 from sparselift.tune_report import write_tune_report
 from sparselift.workloads.harness import TrainConfig
 from sparselift.workloads.launch import RankFailed
