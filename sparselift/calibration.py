@@ -23,7 +23,15 @@ from typing import Any
 
 from sparselift.atomic import json_bytes, write_bytes
 from sparselift.errors import UserError
-from sparselift.jsonfile import read_versioned
+from sparselift.jsonfile import (
+    is_number,
+    optional,
+    optional_bool,
+    optional_number,
+    optional_seconds,
+    read_versioned,
+    strings,
+)
 from sparselift.kernels import LookupUnit
 
 FORMAT = "sparselift-calibration"
@@ -248,27 +256,27 @@ class Calibration:
         prov = doc.get("provenance")
         if prov is not None and not isinstance(prov, Mapping):
             raise UserError(f"{where}: provenance must be an object")
-        dense_step_s = _optional_seconds(doc, "dense_step_s", where)
-        type_overhead_s = _optional_seconds(doc, "type_overhead_s", where)
+        dense_step_s = optional_seconds(doc, "dense_step_s", where)
+        type_overhead_s = optional_seconds(doc, "type_overhead_s", where)
         for key in ("world_size", "batch_size"):
-            n = _optional(doc, key, int, where)
+            n = optional(doc, key, int, where)
             if n is not None and n < 1:
                 raise UserError(f"{where}: {key} must be at least 1, got {n}")
         return cls(
-            device=_optional(doc, "device", str, where),
-            backend=_optional(doc, "backend", str, where),
-            world_size=_optional(doc, "world_size", int, where),
-            batch_size=_optional(doc, "batch_size", int, where),
+            device=optional(doc, "device", str, where),
+            backend=optional(doc, "backend", str, where),
+            world_size=optional(doc, "world_size", int, where),
+            batch_size=optional(doc, "batch_size", int, where),
             ops={str(kind): _op_fit(kind, op, where) for kind, op in ops.items()},
             dense_step_s=dense_step_s,
             provenance=_provenance(prov or {}, where),
-            pipeline_overlap=_optional_number(doc, "pipeline_overlap", where),
-            pipeline_overhead_s=_optional_number(doc, "pipeline_overhead_s", where),
-            pipeline_profiles=_strings(doc, "pipeline_profiles", where),
-            pipeline_pays=_optional_bool(doc, "pipeline_pays", where),
+            pipeline_overlap=optional_number(doc, "pipeline_overlap", where),
+            pipeline_overhead_s=optional_number(doc, "pipeline_overhead_s", where),
+            pipeline_profiles=strings(doc, "pipeline_profiles", where),
+            pipeline_pays=optional_bool(doc, "pipeline_pays", where),
             held_out=_held_out(doc.get("held_out"), where),
             type_overhead_s=type_overhead_s,
-            split_cost_profiles=_strings(doc, "split_cost_profiles", where),
+            split_cost_profiles=strings(doc, "split_cost_profiles", where),
         )
 
     @classmethod
@@ -308,68 +316,18 @@ def read_checked(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _optional(doc: Mapping[str, Any], key: str, kind: type, where: str, at: str = "") -> Any:
-    """doc[key] if present and not null, checked to be a `kind` (str or int); else None."""
-    v = doc.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, kind) or isinstance(v, bool):
-        raise UserError(f"{where}: {at}{key} must be {'a string' if kind is str else 'an integer'}")
-    return v
-
-
-def _optional_bool(doc: Mapping[str, Any], key: str, where: str) -> bool | None:
-    """doc[key] if present and not null, checked to be true or false; else None."""
-    v = doc.get(key)
-    if v is not None and not isinstance(v, bool):
-        raise UserError(f"{where}: {key} must be true or false")
-    return v
-
-
-def _optional_number(doc: Mapping[str, Any], key: str, where: str, at: str = "") -> float | None:
-    """float(doc[key]) if present and not null, else None; UserError if it is not a number."""
-    v = doc.get(key)
-    if v is None:
-        return None
-    if not _is_number(v):
-        raise UserError(f"{where}: {at}{key} must be a number")
-    return float(v)
-
-
-def _optional_seconds(doc: Mapping[str, Any], key: str, where: str) -> float | None:
-    """`_optional_number`, and UserError unless it is finite and ≥ 0."""
-    v = _optional_number(doc, key, where)
-    if v is not None and not (math.isfinite(v) and v >= 0):
-        raise UserError(f"{where}: {key} must be a finite number >= 0, got {v}")
-    return v
-
-
-def _strings(doc: Mapping[str, Any], key: str, where: str, at: str = "") -> list[str]:
-    """doc[key] as a list of strings; [] if absent or null; UserError if it is something else."""
-    v = doc.get(key)
-    if v is None:
-        return []
-    if not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
-        raise UserError(f"{where}: {at}{key} must be a list of strings")
-    return list(v)
-
-
 def _op_fit(kind: Any, op: Any, where: str) -> OpFit:
     """One entry of `ops`, checked: numeric a_s and b_s, and the optional fields' types."""
-    if not isinstance(op, Mapping) or not all(_is_number(op.get(k)) for k in ("a_s", "b_s")):
+    if not isinstance(op, Mapping) or not all(is_number(op.get(k)) for k in ("a_s", "b_s")):
         raise UserError(f"{where}: op {kind!r} needs numeric a_s and b_s")
     bad = next((k for k in ("a_s", "b_s") if not math.isfinite(op[k])), None)
     if bad is not None:
         raise UserError(f"{where}: op {kind!r}: {bad} must be finite, got {op[bad]!r}")
     at = f"op {kind!r}: "
-    x = _optional(op, "x", str, where, at)
-    n = _optional(op, "n", int, where, at)
+    x = optional(op, "x", str, where, at)
+    n = optional(op, "n", int, where, at)
     r2, overlap, calls, sync_s, unique_w, bag_w = (
-        _optional_number(op, k, where, at)
+        optional_number(op, k, where, at)
         for k in ("r2", "overlap", "calls", "sync_s", "unique_weight", "bag_weight")
     )
     return OpFit(
@@ -392,17 +350,17 @@ def _provenance(prov: Mapping[str, Any], where: str) -> Provenance:
     manifest = prov.get("manifest")
     if manifest is not None and not isinstance(manifest, dict):
         raise UserError(f"{where}: {at}manifest must be an object")
-    profiles = _strings(prov, "profiles", where, at)
+    profiles = strings(prov, "profiles", where, at)
     return Provenance(
-        profile=_optional(prov, "profile", str, where, at),
-        created_unix=_optional_number(prov, "created_unix", where, at),
+        profile=optional(prov, "profile", str, where, at),
+        created_unix=optional_number(prov, "created_unix", where, at),
         manifest=manifest or {},
-        samples=_optional(prov, "samples", int, where, at),
-        step_time_s_median=_optional_number(prov, "step_time_s_median", where, at),
-        step_time_s_min=_optional_number(prov, "step_time_s_min", where, at),
+        samples=optional(prov, "samples", int, where, at),
+        step_time_s_median=optional_number(prov, "step_time_s_median", where, at),
+        step_time_s_min=optional_number(prov, "step_time_s_min", where, at),
         profiles=profiles,
-        steady_step_s_median=_optional_number(prov, "steady_step_s_median", where, at),
-        profiler_inflation=_optional_number(prov, "profiler_inflation", where, at),
+        steady_step_s_median=optional_number(prov, "steady_step_s_median", where, at),
+        profiler_inflation=optional_number(prov, "profiler_inflation", where, at),
     )
 
 
@@ -417,10 +375,10 @@ def _held_out(doc: Any, where: str) -> list[HeldOut]:
         at = f"held_out[{i}]."
         if not isinstance(h, Mapping):
             raise UserError(f"{where}: held_out[{i}] must be an object")
-        profile = _optional(h, "profile", str, where, at)
-        measured = _optional_number(h, "measured_step_s", where, at)
-        predicted = _optional_number(h, "predicted_step_s", where, at)
-        level = _optional_number(h, "level", where, at)
+        profile = optional(h, "profile", str, where, at)
+        measured = optional_number(h, "measured_step_s", where, at)
+        predicted = optional_number(h, "predicted_step_s", where, at)
+        level = optional_number(h, "level", where, at)
         if profile is None or measured is None or predicted is None or measured <= 0:
             raise UserError(
                 f"{where}: {at[:-1]} needs profile, measured_step_s > 0 and predicted_step_s"

@@ -2,11 +2,15 @@
 
 Every such file carries `format` and an integer `version`; checking both here keeps the message the
 same whichever stage reads the file (a calibration is read by the optimizer and by notebooks).
+The field readers check one optional field of a decoded object, naming the file (`where`), the
+path to the object (`at`) and the field in their message.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +44,54 @@ def read_versioned(path: str | Path, fmt: str, version: int, what: str) -> dict[
             f"{path}: unsupported {what} version {d.get('version')!r} (expected {version})"
         )
     return d
+
+
+def is_number(v: Any) -> bool:
+    """Whether `v` is a JSON number (an int or a float, not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def optional(doc: Mapping[str, Any], key: str, kind: type, where: str, at: str = "") -> Any:
+    """doc[key] if present and not null, checked to be a `kind` (str or int); else None."""
+    v = doc.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, kind) or isinstance(v, bool):
+        raise UserError(f"{where}: {at}{key} must be {'a string' if kind is str else 'an integer'}")
+    return v
+
+
+def optional_bool(doc: Mapping[str, Any], key: str, where: str) -> bool | None:
+    """doc[key] if present and not null, checked to be true or false; else None."""
+    v = doc.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise UserError(f"{where}: {key} must be true or false")
+    return v
+
+
+def optional_number(doc: Mapping[str, Any], key: str, where: str, at: str = "") -> float | None:
+    """float(doc[key]) if present and not null, else None; UserError if it is not a number."""
+    v = doc.get(key)
+    if v is None:
+        return None
+    if not is_number(v):
+        raise UserError(f"{where}: {at}{key} must be a number")
+    return float(v)
+
+
+def optional_seconds(doc: Mapping[str, Any], key: str, where: str) -> float | None:
+    """`_optional_number`, and UserError unless it is finite and ≥ 0."""
+    v = optional_number(doc, key, where)
+    if v is not None and not (math.isfinite(v) and v >= 0):
+        raise UserError(f"{where}: {key} must be a finite number >= 0, got {v}")
+    return v
+
+
+def strings(doc: Mapping[str, Any], key: str, where: str, at: str = "") -> list[str]:
+    """doc[key] as a list of strings; [] if absent or null; UserError if it is something else."""
+    v = doc.get(key)
+    if v is None:
+        return []
+    if not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+        raise UserError(f"{where}: {at}{key} must be a list of strings")
+    return list(v)
