@@ -80,7 +80,7 @@ def optional_number(doc: Mapping[str, Any], key: str, where: str, at: str = "") 
 
 
 def optional_seconds(doc: Mapping[str, Any], key: str, where: str) -> float | None:
-    """`_optional_number`, and UserError unless it is finite and ≥ 0."""
+    """`optional_number`, and UserError unless it is finite and ≥ 0."""
     v = optional_number(doc, key, where)
     if v is not None and not (math.isfinite(v) and v >= 0):
         raise UserError(f"{where}: {key} must be a finite number >= 0, got {v}")

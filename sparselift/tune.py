@@ -340,13 +340,8 @@ def tune(
     else:
         base = dataclasses.replace(cfg, hook=ab_hook, hook_args=ab_hook_args or {})
         ab = run_ab(base, work, result.candidate, result.baseline, rounds, echo)
-        result.ab_ratios, result.ratio, result.low, result.high = (
-            ab.ratios,
-            ab.ratio,
-            ab.low,
-            ab.high,
-        )
-        result.shipped, result.reason = ab.shipped, ab.reason
+        result.ab_ratios, result.shipped, result.reason = ab.ratios, ab.shipped, ab.reason
+        result.ratio, result.low, result.high = ab.ratio, ab.low, ab.high
     shipped = result.candidate if result.shipped == "candidate" else result.baseline
     write_json(work / "tune.json", result.to_json())
     write_bytes(out, Path(shipped).read_bytes())

@@ -76,14 +76,9 @@ def run_ab(
         f"{low:.3f}-{high:.3f} over every pair of their {AB_MODELS} models each, "
         f"{rounds} rounds {bench.runs})"
     )
-    if low > 1.0:
-        shipped, reason = "candidate", f"SparseLift's plan {measured}: shipped it"
-    else:
-        shipped, reason = (
-            "baseline",
-            f"SparseLift's plan {measured}: not measured faster, kept the baseline",
-        )
-    return ABVerdict(ratios, ratio, low, high, shipped, reason)
+    shipped = "candidate" if low > 1.0 else "baseline"
+    verdict = "shipped it" if low > 1.0 else "not measured faster, kept the baseline"
+    return ABVerdict(ratios, ratio, low, high, shipped, f"SparseLift's plan {measured}: {verdict}")
 
 
 def _model(plan: str, k: int) -> str:
