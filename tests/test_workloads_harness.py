@@ -14,7 +14,7 @@ from test_workloads_models_data import write_criteo_day
 from sparselift.workloads import load_workload
 from sparselift.workloads.batches import SyntheticBatches
 from sparselift.workloads.harness import TrainConfig, run_training
-from sparselift.workloads.launch import RankFailed
+from sparselift.workloads.launch import RankFailed, error_files, failure_error
 from sparselift.workloads.rank import batches_for_rank, made_ahead
 
 
@@ -73,6 +73,25 @@ def test_a_crashing_rank_stops_the_job_with_its_error(cli):
 
 
 @pytest.mark.slow
+def test_error_files_torchelastic_could_not_read_are_read_after_the_job(tmp_path):
+    # torchelastic's layout: <log_dir>/<run>_<x>/attempt_0/<rank>/error.json; rank 0's was
+    # still empty when torchelastic read it, rank 1's holds its error
+    attempt = tmp_path / "sparselift-abc_x1" / "attempt_0"
+    for rank, text in ((0, ""), (1, "RuntimeError: injected failure on rank 1")):
+        (attempt / str(rank)).mkdir(parents=True)
+        doc = json.dumps({"message": {"message": text}}) if text else ""
+        (attempt / str(rank) / "error.json").write_text(doc)
+    err = failure_error(error_files(str(tmp_path)))
+    assert isinstance(err, RankFailed)
+    assert str(err) == (
+        "rank 0 failed: no readable error recorded; "
+        "rank 1 failed: RuntimeError: injected failure on rank 1"
+    )
+    assert error_files(str(tmp_path / "empty")) == [
+        (-1, "a rank failed and left no readable error")
+    ]
+
+
 def test_busy_default_port_is_not_an_error():
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

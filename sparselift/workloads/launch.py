@@ -12,14 +12,18 @@ A rank that fails with a UserError (nodes that disagree, bad input) makes the la
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sparselift.errors import UserError
@@ -105,9 +109,12 @@ def launch(
     nodes.validate()
     if nodes.node_rank > 0:
         wait_for_endpoint(nodes)
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    # the ranks' error files, read here where torchelastic could not read them
+    log_dir = tempfile.mkdtemp(prefix="sparselift-launch-")
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     common: dict[str, Any] = dict(
@@ -115,6 +122,7 @@ def launch(
         max_restarts=0,
         monitor_interval=monitor_interval,
         start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
     if nodes.nnodes == 1 and nodes.rdzv_endpoint is None:
         config = LaunchConfig(
@@ -145,6 +153,9 @@ def launch(
         elastic_launch(config, entrypoint=sys.executable)("-m", module, *args)
     except ChildFailedError as e:
         raise failure_error(_failures(e)) from None
+    except json.JSONDecodeError:  # torchelastic read a failed rank's error file mid-write
+        time.sleep(1.0)
+        raise failure_error(error_files(log_dir)) from None
     except Exception as e:  # the rendezvous itself: TCPStore timeouts, refused connections
         if nodes.nnodes == 1 and nodes.rdzv_endpoint is None:
             raise
@@ -154,6 +165,8 @@ def launch(
             f"{nodes.nnodes}) failed within --rdzv-timeout {nodes.rdzv_timeout_s} s: "
             f"{first[:300]}"
         ) from None
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def wait_for_endpoint(nodes: Nodes) -> None:
@@ -187,9 +200,9 @@ def failure_error(lines: list[tuple[int, str]]) -> Exception:
     return RankFailed("; ".join(f"rank {r} failed: {m}" for r, m in lines))
 
 
-def recorded_error(path: str, exitcode: int) -> str:
+def recorded_error(path: str, exitcode: int | None) -> str:
     """The first line of the error a rank recorded in torchelastic's error file `path`, or its
-    exit code where it recorded none."""
+    exit code where it recorded none (None: not known)."""
     import json
 
     try:
@@ -198,7 +211,20 @@ def recorded_error(path: str, exitcode: int) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         msg = ""
     msg = str(msg).strip()
-    return msg.splitlines()[0] if msg else f"exit code {exitcode}"
+    if msg:
+        return msg.splitlines()[0]
+    return f"exit code {exitcode}" if exitcode is not None else "no readable error recorded"
+
+
+def error_files(log_dir: str) -> list[tuple[int, str]]:
+    """(rank, first line of its error) per rank that left an error file under `log_dir`
+    (torchelastic's `<run>/attempt_<n>/<rank>/error.json`); one line for rank -1 if none did."""
+    found = sorted(
+        (int(p.parent.name), recorded_error(str(p), None))
+        for p in Path(log_dir).glob("*/attempt_*/*/error.json")
+        if p.parent.name.isdigit()
+    )
+    return found or [(-1, "a rank failed and left no readable error")]
 
 
 def _failures(e: Any) -> list[tuple[int, str]]:
