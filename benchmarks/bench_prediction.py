@@ -193,8 +193,7 @@ def profile(
 def calibration_set(torchrec: Path, d: Path) -> tuple[list[Path], list[Path]]:
     """The calibration set's plans (`torchrec` under base, sparse-dist, at 16-bit collectives,
     with its largest table row-wise and as a second model, as `tune` profiles its baseline;
-    written into `d`) and
-    their profile directories in `d`."""
+    written into `d`) and their profile directories in `d`."""
     d.mkdir(parents=True, exist_ok=True)
     variants = calibration_plans(str(torchrec), d, baseline=str(torchrec))
     return [Path(p) for p, _ in variants], [d / f"calib{suffix}" for _, suffix in variants]

@@ -153,8 +153,8 @@ def launch(
         elastic_launch(config, entrypoint=sys.executable)("-m", module, *args)
     except ChildFailedError as e:
         raise failure_error(_failures(e)) from None
-    except json.JSONDecodeError:  # torchelastic read a failed rank's error file mid-write
-        time.sleep(1.0)
+    except json.JSONDecodeError:  # torchelastic read a failed rank's error file mid-write;
+        # the ranks are stopped by now (torchelastic's agent shuts them down as it raises)
         raise failure_error(error_files(log_dir)) from None
     except Exception as e:  # the rendezvous itself: TCPStore timeouts, refused connections
         if nodes.nnodes == 1 and nodes.rdzv_endpoint is None:
