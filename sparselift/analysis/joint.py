@@ -42,6 +42,7 @@ from sparselift.analysis.precision_fit import (
     fit_qcomm,
     measured_faster,
     split_by_precision,
+    steps_net,
 )
 from sparselift.analysis.recombine_fit import RECOMBINE
 from sparselift.analysis.transform_fit import TRANSFORM
@@ -93,15 +94,19 @@ def prior_fit(kind: str, device: str) -> OpFit | None:
 
 def fit_profiles(evidence: list[ProfileEvidence]) -> Calibration:
     """`fit.fit_evidence` with 16-bit output distributions fitted apart (`precision_fit`): the
-    op kinds on the fp32 calls, their net 16-bit cost as `qcomm_quantize` (a saving only where
-    the steps measured it, `precision_fit.measured_faster`), and the dense step (and per-type
+    op kinds on the fp32 calls, their net 16-bit cost as `qcomm_quantize` (as paired steady
+    steps paid it where there are such, `precision_fit.steps_net`; a saving only where the steps
+    measured it, `precision_fit.measured_faster`), and the dense step (and per-type
     overhead) from every profile priced at its own precision."""
     kept, apart = split_by_precision(evidence)
     cal = fit_evidence(kept)
     q = fit_qcomm(apart, cal.ops)
-    if q is not None and q.b_s < 0.0 and not measured_faster(evidence):
-        q = dataclasses.replace(q, b_s=0.0)  # a saving the steps did not show
     if q is not None:
+        net = steps_net(evidence, apart)
+        if net is not None:  # what the steps paid, not the window's calls
+            q = dataclasses.replace(q, b_s=net)
+        if q.b_s < 0.0 and not measured_faster(evidence):
+            q = dataclasses.replace(q, b_s=0.0)  # a saving the steps did not show
         cal.ops[QCOMM] = q
         dense = dense_fit(evidence, [dict(at_precision(cal.ops, ev.manifest)) for ev in evidence])
         cal.dense_step_s, cal.type_overhead_s = dense.dense_step_s, dense.type_overhead_s

@@ -12,14 +12,19 @@ Row-wise tables' reduce-scatter (`fit.with_rs_kinds`) runs through the same code
 calls are set apart likewise, compared with the reduce-scatter's own fp32 fit, and count towards
 the one net figure per element (the cost model applies it to every output collective).
 The calls are timed in the profiled window, where one profile's collectives differ from
-another's by noise as much as by their precision; so a saving (a negative net) is counted on only
-where a 16-bit profile's steady steps also measured faster than an fp32 profile's of the same
-plan (`measured_faster`), and is otherwise taken as 0: 16 bits buy nothing.
+another's by noise as much as by their precision. So where a 16-bit profile was profiled in one
+side-by-side job with an fp32 profile of the same plan, the net is what their steady steps paid
+apart, round by round, per element moved (`steps_net`), and the calls only fit it otherwise.
+Either way a saving (a negative net) is counted on only where a 16-bit profile's steady steps
+also measured faster than an fp32 profile's of the same plan (`measured_faster`), and is
+otherwise taken as 0: 16 bits buy nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
+from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
@@ -109,19 +114,52 @@ def fit_qcomm(apart: pd.DataFrame, ops: dict[str, OpFit]) -> OpFit | None:
     return OpFit(x="element", a_s=0.0, b_s=net / n, r2=0.0, n=n)
 
 
+def _twins(evidence: list[ProfileEvidence]) -> Iterator[tuple[int, list[str]]]:
+    """Per 16-bit profile (its index in `evidence`), the fp32 profiles of the same plan and
+    pipeline: models of its twin."""
+
+    def plan(ev: ProfileEvidence) -> tuple[Any, Any]:
+        return ev.manifest.get("sharding"), ev.manifest.get("pipeline")
+
+    fp32 = [ev for ev in evidence if not sixteen_bit_kinds(ev.manifest)]
+    for i, low in enumerate(evidence):
+        if sixteen_bit_kinds(low.manifest):
+            yield i, [ev.profile for ev in fp32 if plan(ev) == plan(low)]
+
+
+def steps_net(evidence: list[ProfileEvidence], apart: pd.DataFrame) -> float | None:
+    """The net seconds per element of 16 bits as the steady steps paid it.
+
+    Per 16-bit profile with fp32 models of its plan in its side-by-side job (`_twins`,
+    `compare.job_models`): its step less theirs (their median step over the rounds' median
+    ratio, `compare.compare_profiles`, averaged over the models), over the elements its 16-bit
+    output distributions move a step (`apart`'s fp32 bytes ÷ 4: the median over steps and ranks
+    of a rank's step). The mean over such profiles; None where none pairs round by round.
+    """
+    nets = []
+    for i, twins in _twins(evidence):
+        calls = apart[apart["profile"] == i] if not apart.empty else apart
+        try:
+            models = job_models(evidence[i].profile, twins)
+            verdicts = [compare_profiles(m, evidence[i].profile) for m in models]
+        except UserError:
+            continue
+        if calls.empty or not verdicts or not all(v.paired_rounds for v in verdicts):
+            continue
+        extra = statistics.fmean(v.baseline.median_s * (1.0 / v.ratio - 1.0) for v in verdicts)
+        elements = float(calls.groupby(["step", "rank"])["x"].sum().median()) / FLOAT_BYTES
+        nets.append(extra / elements)
+    return statistics.fmean(nets) if nets else None
+
+
 def measured_faster(evidence: list[ProfileEvidence], confidence: float = CONFIDENCE) -> bool:
     """Whether a 16-bit profile's steps were measured faster than those of an fp32 profile of
     the same plan and pipeline: the low end of the `confidence` interval of their steps' ratio
     (`compare.compare_profiles`) above 1; where that fp32 plan was profiled in the 16-bit
     profile's side-by-side job, above 1 against every model of it there (`compare.job_models`,
     `compare.spanning`). Pairs without enough steady steps say nothing."""
-
-    def plan(ev: ProfileEvidence) -> tuple[Any, Any]:
-        return ev.manifest.get("sharding"), ev.manifest.get("pipeline")
-
-    fp32 = [ev for ev in evidence if not sixteen_bit_kinds(ev.manifest)]
-    for low in (ev for ev in evidence if sixteen_bit_kinds(ev.manifest)):
-        twins = [ev.profile for ev in fp32 if plan(ev) == plan(low)]
+    for i, twins in _twins(evidence):
+        low = evidence[i]
         same = job_models(low.profile, twins)
         for models in [same] if same else [[t] for t in twins]:
             try:

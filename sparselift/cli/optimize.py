@@ -106,16 +106,12 @@ def register(sub: Any) -> None:
 def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
     """Statistics, topology, batch size and coefficients from the flags (a profile or a
     workload spec), and the plan the (first) profile trained with, if it describes one."""
-    from sparselift.optimizer.coefficients import (
-        coefficients,
-        dense_step_estimate,
-        load_calibration,
-    )
+    from sparselift.optimizer.coefficients import coefficients, load_calibration
     from sparselift.optimizer.optimize import Inputs
     from sparselift.optimizer.profile_input import plan_in_force, read_profile
     from sparselift.optimizer.split_options import split_options
     from sparselift.optimizer.table_stats import stats_from_spec
-    from sparselift.optimizer.topology import load_topology, profiled_topology
+    from sparselift.optimizer.topology import dense_step_estimate, load_topology, profiled_topology
 
     calibration, spec, in_force, hot = None, None, None, None
     profile = statistics_profile(args.profile) if args.profile else None

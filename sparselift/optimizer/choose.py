@@ -28,6 +28,9 @@ def choose_precision(model: CostModel) -> PlanWide:
     One precision serves every output collective, so on one host 16-bit must pay on the
     all-to-all and, where a profile measured it, on the reduce-scatter of row-wise tables too
     (unmeasured, that one stands in at the all-to-all's cost and adds no verdict of its own).
+    Where a profile measured 16 bits' net cost per element on one host (`qcomm_net_s`, over all
+    its output collectives), that net decides both directions there: they pay where it is a
+    saving.
 
     Returns:
         The collective precision (pipeline "base": the solver decides it).
@@ -38,6 +41,8 @@ def choose_precision(model: CostModel) -> PlanWide:
     def pays(a2a: str, rs: str) -> bool:
         if multi:
             return coeffs.quantize_b_s < coeffs.inter_host_b_s
+        if coeffs.qcomm_net_s is not None:
+            return coeffs.qcomm_net_s < 0.0
         kinds = [a2a, rs] if coeffs.measured(rs) else [a2a]
         per_byte = min(getattr(coeffs, k).b_s for k in kinds)
         return coeffs.quantize_b_s < min(per_byte, coeffs.wire_b_s)

@@ -108,6 +108,10 @@ class Coefficients:
     # False where the profiles that measured the pipeline's overlap measured it no faster (at
     # the low end of its interval): then it is not chosen, whatever its overlap prices
     pipeline_pays: bool = True
+    # a 16-bit output collective's net seconds per element over its fp32 cost inside a host, as
+    # a profile measured it (`qcomm_quantize`): priced as it is in both directions. None: the
+    # wire model prices it (half the wire's bytes saved, `quantize_b_s` paid at both ends)
+    qcomm_net_s: float | None = None
 
     def replace(self, **kw: Any) -> Coefficients:
         """A copy with the fields in `kw` replaced; their evidence is left as it was (callers
@@ -285,10 +289,9 @@ def coefficients(
             fixed = fit.a_s + fit.sync_s  # sync_s: distributions only
             kw[kind] = Linear(max(0.0, fixed), max(0.0, fit.b_s))
     out_fwd = kw.get("output_dist_fwd", kw.get("output_dist_rs_fwd"))
-    if "qcomm_quantize" in cal.ops and out_fwd is not None:
-        kw["quantize_b_s"] = quantize_from_net(
-            cal.ops["qcomm_quantize"].b_s, out_fwd.b_s, base.wire_b_s
-        )
+    qcomm = cal.ops.get("qcomm_quantize")
+    if qcomm is not None and out_fwd is not None:  # across hosts the wire model stays
+        kw["quantize_b_s"] = quantize_from_net(qcomm.b_s, out_fwd.b_s, base.wire_b_s)
     tx = cal.ops.get("batch_transform")
     if tx is not None:
         kw["batch_transform"] = Linear(max(0.0, tx.a_s), max(0.0, tx.b_s))
@@ -344,7 +347,12 @@ def coefficients(
             ASSUMED, f"timed stand-alone in {origin}; no split plan's steps timed them", split
         )
     held = max((abs(h.error) for h in cal.held_out), default=None)
-    return measured.replace(profiled_types=profiled, held_out_error=held, pipeline_pays=pays)
+    return measured.replace(
+        profiled_types=profiled,
+        held_out_error=held,
+        pipeline_pays=pays,
+        qcomm_net_s=qcomm.b_s if "quantize_b_s" in kw and qcomm is not None else None,
+    )
 
 
 PIPELINE_NAMES = ("pipeline_overlap", "pipeline_overhead_s")
@@ -364,9 +372,11 @@ def every_byte_crossed_hosts(cal: Calibration) -> bool:
 
 
 def quantize_from_net(net_s: float, out_b_s: float, wire_b_s: float) -> float:
-    """The cost model's quantize seconds per element that reproduces a measured 16-bit cost.
+    """The quantize seconds per element a measured 16-bit cost implies, for the bytes the wire
+    model still prices (those that cross hosts; inside the host the net is priced as measured,
+    `Coefficients.qcomm_net_s`).
 
-    The cost model prices B fp32 bytes of pooled embeddings at 16 bits as
+    The wire model prices B fp32 bytes of pooled embeddings at 16 bits as
     b·B − ½·min(b, wire)·B + 2·quantize·B/4 (half the bytes leave the wire; quantize at the
     sender, dequantize at the receiver); a profile measured b·B + net·B/4
     (`analysis.precision_fit`). The two agree when quantize = net/2 + ½·min(b, wire)·4/2. Never
@@ -378,23 +388,3 @@ def quantize_from_net(net_s: float, out_b_s: float, wire_b_s: float) -> float:
         wire_b_s: the topology's seconds per byte on the wire.
     """
     return max(0.0, net_s / 2.0 + 0.5 * min(out_b_s, wire_b_s) * FLOAT_BYTES / 2.0)
-
-
-def dense_step_estimate(spec: Any, topo: Topology, batch_size: int) -> float:
-    """Dense MLPs' forward + backward seconds per step from their FLOPs (3 × 2·params·batch).
-
-    Args:
-        spec: a `sparselift.workloads.spec.WorkloadSpec` (its dense and over arches, its tables).
-        topo: supplies the dense FLOP rate.
-        batch_size: per rank.
-    """
-    m = spec.model
-    dims = [spec.dense_in_features, *m.dense_arch]
-    params = sum(a * b for a, b in zip(dims, dims[1:], strict=False))
-    n = len(spec.tables) + 1
-    over_in = m.dense_arch[-1] + (
-        n * (n - 1) // 2 if m.interaction == "dot" else sum(t.embedding_dim for t in spec.tables)
-    )
-    over = [over_in, *m.over_arch]
-    params += sum(a * b for a, b in zip(over, over[1:], strict=False))
-    return 6.0 * params * batch_size / topo.dense_flops

@@ -138,11 +138,15 @@ class CostModel:
 
         def out(intra: float, inter: float, b: float, f: float) -> float:
             t_ = b * intra + coeffs.inter_host_b_s * inter
-            if f < 1.0:  # fewer bytes on the wire (host work per byte stays); quantize at the
-                # sender and dequantize at the receiver, per element
-                t_ -= (1.0 - f) * (min(b, coeffs.wire_b_s) * intra + coeffs.inter_host_b_s * inter)
-                t_ += 2.0 * coeffs.quantize_b_s * (intra + inter) / FLOAT_BYTES
-            return t_
+            if f == 1.0:
+                return t_
+            # fewer bytes on the wire (host work per byte stays); quantized at the sender and
+            # dequantized at the receiver, per element
+            q = 2.0 * coeffs.quantize_b_s / FLOAT_BYTES
+            t_ += (q - (1.0 - f) * coeffs.inter_host_b_s) * inter
+            if coeffs.qcomm_net_s is not None:  # inside the host: as a profile measured it
+                return t_ + coeffs.qcomm_net_s * intra / FLOAT_BYTES
+            return t_ + (q - (1.0 - f) * min(b, coeffs.wire_b_s)) * intra
 
         # an assumed transform cost is priced at a margin: a split must pay even if it is off
         margin = 1.0 if coeffs.measured("batch_transform") else ASSUMED_TRANSFORM_MARGIN

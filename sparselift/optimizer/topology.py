@@ -256,3 +256,23 @@ def load_topology(path: str | Path) -> Topology:
     if "device" not in values:
         raise UserError(f"{where}: missing key 'device' (or a 'base' preset)")
     return Topology(**values).validate(where)
+
+
+def dense_step_estimate(spec: Any, topo: Topology, batch_size: int) -> float:
+    """Dense MLPs' forward + backward seconds per step from their FLOPs (3 × 2·params·batch).
+
+    Args:
+        spec: a `sparselift.workloads.spec.WorkloadSpec` (its dense and over arches, its tables).
+        topo: supplies the dense FLOP rate.
+        batch_size: per rank.
+    """
+    m = spec.model
+    dims = [spec.dense_in_features, *m.dense_arch]
+    params = sum(a * b for a, b in zip(dims, dims[1:], strict=False))
+    n = len(spec.tables) + 1
+    over_in = m.dense_arch[-1] + (
+        n * (n - 1) // 2 if m.interaction == "dot" else sum(t.embedding_dim for t in spec.tables)
+    )
+    over = [over_in, *m.over_arch]
+    params += sum(a * b for a, b in zip(over, over[1:], strict=False))
+    return 6.0 * params * batch_size / topo.dense_flops
