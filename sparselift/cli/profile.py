@@ -96,7 +96,8 @@ def run_profile(args: argparse.Namespace) -> int:
     from sparselift.errors import UserError
     from sparselift.profiler.from_ranks import write_from_parent
     from sparselift.profiler.outdir import prepare_out_dir
-    from sparselift.workloads.harness import MAX_STEPS, launched_externally, run_training
+    from sparselift.workloads.harness import MAX_STEPS, run_training
+    from sparselift.workloads.in_place import launched_externally
 
     if not 0 <= args.after <= MAX_STEPS:
         raise UserError(f"--after must be in 0..{MAX_STEPS:,}, got {args.after:,}")
@@ -165,7 +166,7 @@ def _run_side_by_side(args: argparse.Namespace) -> int:
     from sparselift.errors import UserError
     from sparselift.profiler.from_ranks import profile_side_by_side
     from sparselift.profiler.outdir import prepare_out_dir
-    from sparselift.workloads.harness import launched_externally
+    from sparselift.workloads.in_place import launched_externally
 
     plans = [args.plan, *(plan for plan, _ in args.also)]
     outs = [Path(d).resolve() for d in [args.out, *(d for _, d in args.also)]]

@@ -119,7 +119,8 @@ def run_train(args: argparse.Namespace) -> int:
         RankFailed: a rank failed.
     """
     from sparselift.atomic import check_writable, write_json
-    from sparselift.workloads.harness import reports_here, run_training
+    from sparselift.workloads.harness import run_training
+    from sparselift.workloads.in_place import reports_here
 
     if args.json:
         check_writable(args.json)

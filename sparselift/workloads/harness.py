@@ -8,15 +8,14 @@ profiler — observe the steps without the harness importing it.
 
 On several hosts every host runs the same command with its `node_rank` (torchrun's flags); every
 host's `run_training` returns the whole run's result. Started by an external launcher instead
-(torchrun, or SLURM's srun: `launched_externally`), the calling process is itself one rank and
-trains in place.
+(torchrun, or SLURM's srun: `in_place.launched_externally`), the calling process is itself one
+rank and trains in place.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -24,13 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from sparselift.errors import UserError
-from sparselift.workloads.launch import (
-    MALLOC_TUNABLES,
-    failure_error,
-    launch,
-    rank_malloc_env,
-    recorded_error,
-)
+from sparselift.workloads.in_place import launched_externally, run_in_place
+from sparselift.workloads.launch import launch, rank_malloc_env
 from sparselift.workloads.spec import MAX_BATCH_SIZE, WorkloadSpec, load_workload
 
 PIPELINES = ("base", "sparse-dist")
@@ -263,7 +257,8 @@ def run_ranks(cfg: TrainConfig) -> tuple[WorkloadSpec, list[RankResult]]:
         RankFailed: a rank failed (the others are stopped); its error is the message.
     """
     if launched_externally():
-        return _run_in_place(cfg)
+        spec, results = run_in_place(cfg)
+        return spec, [RankResult(**r) for r in results]
     spec = cfg.validate()
     with tempfile.TemporaryDirectory(prefix="sparselift-run-") as tmp:
         cfg_path = Path(tmp, "config.json")
@@ -279,100 +274,6 @@ def run_ranks(cfg: TrainConfig) -> tuple[WorkloadSpec, list[RankResult]]:
                 raise RuntimeError(f"rank {r} exited without writing its result")
             ranks.append(RankResult(**json.loads(path.read_text())))
     return spec, ranks
-
-
-def launched_externally() -> bool:
-    """Whether this process is a rank another launcher started: torchrun (TORCHELASTIC_RUN_ID)
-    or SLURM's srun with more than one task (SLURM_STEP_ID, SLURM_NTASKS > 1)."""
-    if "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ:
-        return True
-    return "SLURM_STEP_ID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1
-
-
-def _slurm_env() -> None:
-    """torch.distributed's env variables from SLURM's (MASTER_ADDR must be set, e.g. to the
-    first host of `scontrol show hostnames`); kept where already set.
-
-    Raises:
-        UserError: MASTER_ADDR is not set.
-    """
-    if "RANK" in os.environ:
-        return
-    if "MASTER_ADDR" not in os.environ:
-        raise UserError("under srun, set MASTER_ADDR to node 0's host (and MASTER_PORT)")
-    local = os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]
-    os.environ.update(
-        RANK=os.environ["SLURM_PROCID"],
-        WORLD_SIZE=os.environ["SLURM_NTASKS"],
-        LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"),
-        LOCAL_WORLD_SIZE=local,
-        GROUP_RANK=os.environ.get("SLURM_NODEID", "0"),
-    )
-    os.environ.setdefault("MASTER_PORT", "29500")
-
-
-def _run_in_place(cfg: TrainConfig) -> tuple[WorkloadSpec, list[RankResult]]:
-    """This process is one rank of an external launch: run that rank, gather every rank's result.
-
-    The rank runs in a child process (`worker.py`, this process's environment, malloc thresholds
-    fixed as the built-in launcher's ranks have them), so it ends as a launched rank does.
-
-    Raises:
-        UserError: bad input, or the hosts disagree.
-        RankFailed: this rank failed (with another host's error where that came first).
-    """
-    import subprocess
-    import sys
-
-    _slurm_env()
-    rank = int(os.environ["RANK"])
-    cfg.nproc = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
-    cfg.nnodes = max(1, int(os.environ["WORLD_SIZE"]) // cfg.nproc)
-    cfg.node_rank = int(os.environ.get("GROUP_RANK", rank // cfg.nproc))
-    cfg.rdzv_endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    spec = cfg.validate()
-    store = None
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0:
-        from datetime import timedelta
-
-        from torch.distributed import TCPStore
-
-        # rank 0 hosts the store (torchelastic's agent would); the ranks join it as clients
-        store = TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=cfg.rdzv_timeout_s),
-        )
-    with tempfile.TemporaryDirectory(prefix="sparselift-rank-") as tmp:
-        cfg_path, error_file = Path(tmp, "config.json"), Path(tmp, "error.json")
-        cfg_path.write_text(json.dumps(dataclasses.asdict(cfg)))
-        env = dict(
-            os.environ,
-            TORCHELASTIC_USE_AGENT_STORE="True",
-            TORCHELASTIC_ERROR_FILE=str(error_file),
-            SPARSELIFT_RDZV_TIMEOUT_S=str(cfg.rdzv_timeout_s),
-            SPARSELIFT_ALL_RESULTS="1",
-        )
-        with rank_malloc_env():
-            env.setdefault("GLIBC_TUNABLES", os.environ.get("GLIBC_TUNABLES", MALLOC_TUNABLES))
-            worker = [sys.executable, "-m", "sparselift.workloads.worker", str(cfg_path), tmp]
-            code = subprocess.run(worker, env=env).returncode
-        del store
-        if code != 0:
-            raise failure_error([(rank, recorded_error(str(error_file), code))])
-        ranks = [
-            RankResult(**json.loads(Path(tmp, f"rank{r}.json").read_text()))
-            for r in range(cfg.world_size)
-        ]
-    return spec, ranks
-
-
-def reports_here() -> bool:
-    """Whether this process prints the run's result: not a rank of an external launch other
-    than global rank 0."""
-    return not launched_externally() or os.environ.get("RANK", "0") == "0"
 
 
 def train_result(cfg: TrainConfig, spec: WorkloadSpec, ranks: list[RankResult]) -> TrainResult:
