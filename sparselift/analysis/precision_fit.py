@@ -148,7 +148,8 @@ def steps_net(evidence: list[ProfileEvidence], apart: pd.DataFrame) -> float | N
             continue
         extra = statistics.fmean(v.baseline.median_s * (1.0 / v.ratio - 1.0) for v in verdicts)
         elements = float(calls.groupby(["step", "rank"])["x"].sum().median()) / FLOAT_BYTES
-        nets.append(extra / elements)
+        if elements > 0.0:  # calls that moved nothing price no element
+            nets.append(extra / elements)
     return statistics.fmean(nets) if nets else None
 
 
