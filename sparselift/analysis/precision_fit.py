@@ -136,9 +136,11 @@ def steps_net(evidence: list[ProfileEvidence], apart: pd.DataFrame) -> float | N
     output distributions move a step (`apart`'s fp32 bytes ÷ 4: the median over steps and ranks
     of a rank's step). The mean over such profiles; None where none pairs round by round.
     """
+    if apart.empty:
+        return None
     nets = []
     for i, twins in _twins(evidence):
-        calls = apart[apart["profile"] == i] if not apart.empty else apart
+        calls = apart[apart["profile"] == i]
         try:
             models = job_models(evidence[i].profile, twins)
             verdicts = [compare_profiles(m, evidence[i].profile) for m in models]
