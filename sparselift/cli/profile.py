@@ -123,8 +123,7 @@ def run_profile(args: argparse.Namespace) -> int:
     )
     cfg.steps = args.steps + max(args.after, args.steady_steps)
     cfg.validate()  # bad input is refused before the directory is created or emptied
-    # Only the host of rank 0 writes: the other ranks stream their traces to it.
-    here = os.environ.get("RANK", "0") == "0" if launched_externally() else cfg.node_rank == 0
+    here = _writes_here(cfg.node_rank)  # the other ranks stream their traces to rank 0's host
     out = Path(args.out).resolve()
     if here:
         out = prepare_out_dir(args.out, args.force)
@@ -166,7 +165,6 @@ def _run_side_by_side(args: argparse.Namespace) -> int:
     from sparselift.errors import UserError
     from sparselift.profiler.from_ranks import profile_side_by_side
     from sparselift.profiler.outdir import prepare_out_dir
-    from sparselift.workloads.in_place import launched_externally
 
     plans = [args.plan, *(plan for plan, _ in args.also)]
     outs = [Path(d).resolve() for d in [args.out, *(d for _, d in args.also)]]
@@ -178,7 +176,7 @@ def _run_side_by_side(args: argparse.Namespace) -> int:
     cfg.warmup = args.warmup + args.steps
     cfg.steps = max(1, -(-args.steady_steps // max(args.rounds, 1)))  # validate() refuses 0
     cfg.validate()  # bad input is refused before any directory is created or emptied
-    here = os.environ.get("RANK", "0") == "0" if launched_externally() else cfg.node_rank == 0
+    here = _writes_here(cfg.node_rank)
     if here:
         outs = [prepare_out_dir(d, args.force) for d in outs]
         if args.force:
@@ -211,6 +209,14 @@ def _run_side_by_side(args: argparse.Namespace) -> int:
             f"step time profiled {inside * 1e3:.1f} ms, in its turns {turns * 1e3:.1f} ms"
         )
     return _incomplete("side-by-side profiles are incomplete", errors)
+
+
+def _writes_here(node_rank: int) -> bool:
+    """Whether this process writes the profile: global rank 0 under an external launcher
+    (torchrun, srun), else the `sparselift profile` of node 0."""
+    from sparselift.workloads.in_place import launched_externally
+
+    return os.environ.get("RANK", "0") == "0" if launched_externally() else node_rank == 0
 
 
 def _incomplete(what: str, errors: list[str]) -> int:

@@ -29,7 +29,6 @@ from sparselift.optimizer.problem import Problem, Solution
 from sparselift.optimizer.robust import (
     gate_precision,
     kept_wide,
-    model_stats,
     pipeline_measured,
     pipeline_pays,
     solve_without_dominated,
@@ -167,7 +166,7 @@ def optimize(
     splits = {} if two else inp.splits
     if two and inp.splits:
         notes.append("no splits: TorchRec's estimator, which what-if plans answer to, has none")
-    by_model = model_stats(inp)
+    by_model = {s.name: s for s in inp.stats}
     by_name = {**by_model, **{s.name: s for s in part_stats(splits)}}
     base = CheapestBaseline(model, by_name, (baseline, *other_baselines), pending_baselines)
     book = PriceBook(inp.stats, inp.topo, inp.batch_size)

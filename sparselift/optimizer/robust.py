@@ -365,7 +365,7 @@ def torchrec_agrees(
     """
     half = PlanWide(wide.forward, wide.backward, pipeline)
     full = PlanWide("fp32", "fp32", pipeline)
-    by_name = tables if tables is not None else model_stats(inp)
+    by_name = tables if tables is not None else {s.name: s for s in inp.stats}
     ours = [model.evaluate(by_name, choices, w).step_time_s * 1e3 for w in (half, full)]
     label = f"{wide.forward}/{wide.backward}"
     verdict = f"SparseLift's model {ours[0]:.3f} vs {ours[1]:.3f} ms"
@@ -382,11 +382,6 @@ def torchrec_agrees(
         f"comm precision {chosen} (no profile of this hardware; {label} vs fp32): "
         f"{verdict}; {theirs}"
     )
-
-
-def model_stats(inp: Any) -> dict[str, TableStats]:
-    """The inputs' tables by name."""
-    return {s.name: s for s in inp.stats}
 
 
 def split_margin(coeffs: Coefficients, min_gain: float) -> tuple[float, str]:

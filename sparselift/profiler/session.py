@@ -10,23 +10,18 @@ or `profile_pipeline(pipeline, "prof/", ...)` around a TorchRec TrainPipeline, o
 
 Steps before the window run untouched. At the first profiled step the session starts
 torch.profiler and wraps the sharded modules' `input_dist`; after the last it stops, unwraps, writes
-this rank's trace (rank 0 into `out_dir`, the others into a private temp directory: no shared
-filesystem is needed), streams every rank's trace to rank 0 (`gather.gather_files`; a rank whose
-trace did not arrive is named in the manifest's `missing_ranks`), and gathers every rank's access
-statistics and its stand-alone timings of a split plan's costs (`transform_cost.py`,
-`recombine_cost.py`) on rank 0, which writes `hot_ids.parquet` (`hot_ids.py`; always rank 0
-itself, like the traces), then `access_stats.parquet` and `manifest.json` (unless
-`write_files=False`: then `finish()` hands those to the caller). Then it times `steady_steps`
-more steps with nothing attached but two clock reads a kernel call (`steady.py`: the window runs
-slower than training does; `step_timers.py`: on CPU, the kernels' and a split model's own
-seconds), and rank 0 rewrites the manifest with their `steady_step_s`, `lookup_s` and
-`split_cost_s`; training that ends first keeps what was timed (`finish()` or leaving the `with`
-block gathers it; without either, the manifest keeps `steady_step_s: []`).
-`execution_trace=True` also records torch's ExecutionTraceObserver (`rank<R>.et.json`, op
-dependencies joinable to the Kineto trace); it is off by default because it costs disk space and
-slows the steps after the window (benchmarks/bench_profiler_overhead.py).
-After the steady steps, `step_begin` / `step_end` return at once. Nothing the profiler does may
-stop training: every failure is caught, warned about once, and listed in `errors`.
+this rank's trace (the other ranks into a private temp directory and stream it to rank 0: no
+shared filesystem is needed; a trace that did not arrive is named in `missing_ranks`), and gathers
+every rank's access statistics and stand-alone timings of a split plan's costs on rank 0, which
+writes `hot_ids.parquet`, `access_stats.parquet` and `manifest.json` (with `write_files=False`,
+`finish()` hands the last two to the caller). Then it times `steady_steps` more steps with
+nothing attached but two clock reads a kernel call (the window runs slower than training does),
+and rank 0 rewrites the manifest with their `steady_step_s`, `lookup_s` and `split_cost_s`
+(training that ends first keeps what was timed, once `finish()` runs or the `with` block ends).
+`execution_trace=True` also records torch's ExecutionTraceObserver (`rank<R>.et.json`); it is off
+by default because it costs disk space and slows the steps after the window.
+Nothing the profiler does may stop training: every failure is caught, warned about once, and
+listed in `errors`.
 """
 
 from __future__ import annotations
@@ -73,9 +68,7 @@ def _model_device(model: nn.Module) -> torch.device:
     dev = getattr(model, "device", None)
     if isinstance(dev, torch.device):
         return dev
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def _barrier() -> None:
@@ -83,12 +76,6 @@ def _barrier() -> None:
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-def _peak_memory(device: torch.device) -> int:
-    from sparselift.workloads.rank import peak_memory_bytes
-
-    return peak_memory_bytes(device)
 
 
 class ProfileSession:
@@ -319,7 +306,9 @@ class ProfileSession:
             )
             or []
         )
-        peak = int(self._guard(lambda: _peak_memory(self.device), "peak memory") or 0)
+        from sparselift.workloads.rank import peak_memory_bytes
+
+        peak = int(self._guard(lambda: peak_memory_bytes(self.device), "peak memory") or 0)
         timing = self._guard(  # after the peak memory: it must not count what the timing holds
             lambda: time_transform(self.tables, captures, steps, self.rank),
             "timing the batch transform",
@@ -367,9 +356,9 @@ class ProfileSession:
         facts = self._facts
         facts.steady_step_s = steady
         facts.lookup_s, facts.split_cost_s = lookup_s, split_cost_s
-        self.result["facts"]["steady_step_s"] = list(steady)
-        self.result["facts"]["lookup_s"] = facts.lookup_s
-        self.result["facts"]["split_cost_s"] = facts.split_cost_s
+        self.result["facts"].update(
+            steady_step_s=list(steady), lookup_s=lookup_s, split_cost_s=split_cost_s
+        )
         if self.write_files:
             self._guard(
                 lambda: write_manifest(self.out_dir, facts),
