@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -97,7 +96,7 @@ def run_profile(args: argparse.Namespace) -> int:
     from sparselift.profiler.from_ranks import write_from_parent
     from sparselift.profiler.outdir import prepare_out_dir
     from sparselift.workloads.harness import MAX_STEPS, run_training
-    from sparselift.workloads.in_place import launched_externally
+    from sparselift.workloads.in_place import launched_externally, reports_here
 
     if not 0 <= args.after <= MAX_STEPS:
         raise UserError(f"--after must be in 0..{MAX_STEPS:,}, got {args.after:,}")
@@ -123,7 +122,7 @@ def run_profile(args: argparse.Namespace) -> int:
     )
     cfg.steps = args.steps + max(args.after, args.steady_steps)
     cfg.validate()  # bad input is refused before the directory is created or emptied
-    here = _writes_here(cfg.node_rank)  # the other ranks stream their traces to rank 0's host
+    here = reports_here(cfg.node_rank)  # the other ranks stream their traces to rank 0's host
     out = Path(args.out).resolve()
     if here:
         out = prepare_out_dir(args.out, args.force)
@@ -165,6 +164,7 @@ def _run_side_by_side(args: argparse.Namespace) -> int:
     from sparselift.errors import UserError
     from sparselift.profiler.from_ranks import profile_side_by_side
     from sparselift.profiler.outdir import prepare_out_dir
+    from sparselift.workloads.in_place import reports_here
 
     plans = [args.plan, *(plan for plan, _ in args.also)]
     outs = [Path(d).resolve() for d in [args.out, *(d for _, d in args.also)]]
@@ -176,7 +176,7 @@ def _run_side_by_side(args: argparse.Namespace) -> int:
     cfg.warmup = args.warmup + args.steps
     cfg.steps = max(1, -(-args.steady_steps // max(args.rounds, 1)))  # validate() refuses 0
     cfg.validate()  # bad input is refused before any directory is created or emptied
-    here = _writes_here(cfg.node_rank)
+    here = reports_here(cfg.node_rank)
     if here:
         outs = [prepare_out_dir(d, args.force) for d in outs]
         if args.force:
@@ -209,14 +209,6 @@ def _run_side_by_side(args: argparse.Namespace) -> int:
             f"step time profiled {inside * 1e3:.1f} ms, in its turns {turns * 1e3:.1f} ms"
         )
     return _incomplete("side-by-side profiles are incomplete", errors)
-
-
-def _writes_here(node_rank: int) -> bool:
-    """Whether this process writes the profile: global rank 0 under an external launcher
-    (torchrun, srun), else the `sparselift profile` of node 0."""
-    from sparselift.workloads.in_place import launched_externally
-
-    return os.environ.get("RANK", "0") == "0" if launched_externally() else node_rank == 0
 
 
 def _incomplete(what: str, errors: list[str]) -> int:

@@ -113,7 +113,10 @@ def run_in_place(cfg: TrainConfig) -> tuple[WorkloadSpec, list[dict[str, Any]]]:
     return spec, ranks
 
 
-def reports_here() -> bool:
-    """Whether this process prints the run's result: not a rank of an external launch other
-    than global rank 0."""
-    return not launched_externally() or os.environ.get("RANK", "0") == "0"
+def reports_here(node_rank: int = 0) -> bool:
+    """Whether this process reports the run (prints its result, writes its profile): global
+    rank 0 of an external launch; else the built-in launcher's process on node `node_rank` 0
+    (the default: every host gets the whole run's result)."""
+    if launched_externally():
+        return os.environ.get("RANK", "0") == "0"
+    return node_rank == 0
