@@ -55,6 +55,8 @@ def _tiny_dict():
             lambda d: d["tables"].append(copy.deepcopy(d["tables"][0])),
             "table name 't0' appears twice",
         ),
+        (lambda d: d["tables"][1].update(name="items"), "'items' cannot name a table"),
+        (lambda d: d["tables"][1].update(name="a.b"), "table 'a.b': a table name cannot hold '.'"),
         (lambda d: d.pop("batch_size"), "missing key 'batch_size'"),
         (lambda d: d["model"].update(arch="transformer"), "model.arch 'transformer'"),
         (
@@ -93,6 +95,27 @@ def test_bad_specs_are_refused_with_the_table_named(mutate, needle):
     with pytest.raises(UserError, match=None) as e:
         parse_workload(d, "spec.json")
     assert needle in str(e.value) and str(e.value).startswith("spec.json")
+
+
+@pytest.mark.parametrize("name", ["items", "keys", "training", "a.b", "item_table", "users"])
+def test_a_table_name_is_refused_exactly_when_torchrec_cannot_build_it(name):
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    config = EmbeddingBagConfig(name=name, embedding_dim=4, num_embeddings=3, feature_names=["f"])
+    try:
+        EmbeddingBagCollection(tables=[config])
+        builds = True
+    except KeyError:
+        builds = False
+    d = _tiny_dict()
+    d["tables"][1]["name"] = name
+    try:
+        parse_workload(d, "spec.json")
+        accepted = True
+    except UserError:
+        accepted = False
+    assert accepted == builds
 
 
 def test_the_largest_table_allowed_loads():

@@ -313,6 +313,7 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
         raise UserError(f"{where} must be an object")
     name = _name(t, "name", where)
     where = f"{source}: table {name!r}"
+    _check_table_name(name, where)
     rows = _integer(t, "num_embeddings", where, MAX_NUM_EMBEDDINGS)
     dim = _integer(t, "embedding_dim", where, MAX_EMBEDDING_DIM)
     pf = _number(t, "pooling_factor", where, 1.0, MAX_POOLING_FACTOR, 1.0)
@@ -334,6 +335,23 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
         zipf_alpha=alpha,
         feature_names=features,
     )
+
+
+def _check_table_name(name: str, where: str) -> None:
+    """Refuse a name TorchRec cannot hold: it keeps tables in a torch ModuleDict, keyed by name.
+
+    Raises:
+        UserError: the name holds a '.', or is an attribute of ModuleDict (`items`, `keys`, …).
+    """
+    import torch
+
+    if "." in name:
+        raise UserError(f"{where}: a table name cannot hold '.' (TorchRec names modules by it)")
+    if hasattr(torch.nn.ModuleDict(), name):
+        raise UserError(
+            f"{where}: {name!r} cannot name a table: TorchRec keeps tables in a torch ModuleDict, "
+            f"where {name!r} is taken; rename the table (feature_names may keep the name)"
+        )
 
 
 def _check_unique(tables: tuple[TableSpec, ...], source: str) -> None:
