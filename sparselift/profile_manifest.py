@@ -60,6 +60,8 @@ SHAPES: dict[str, tuple[str, Any]] = {
     ),
     "steady_step_s": ("a list of finite numbers", _list_of(_number)),
     "missing_ranks": ("a list of integers >= 0", _list_of(lambda x: _int(x, 0))),
+    "hosts": ("a list of strings", _list_of(lambda x: isinstance(x, str))),
+    "host_cores": ("a list of integers >= 1 or nulls", _list_of(lambda x: x is None or _int(x, 1))),
     "tables": TABLES,
     "model_tables": TABLES,
     "splits": ("a list of objects", _list_of(_object)),
@@ -125,6 +127,44 @@ def read_manifest(d: str | Path) -> dict[str, Any]:
             f"{m['world_size']}"
         )
     return m
+
+
+def shared_cores(dirs: list[str] | list[Path]) -> str | None:
+    """A warning, in one line, where the ranks of CPU profiles `dirs` outnumbered their host's
+    cores; None where each rank had a core of its own (or no manifest says).
+
+    Why: the cost model takes a step to last as long as its slowest rank, each rank on a core of
+    its own. Ranks that share cores also wait for one another's cores, so a lighter rank's wait
+    is not idle time, and evening out the ranks' loads buys less than the model predicts.
+
+    Raises:
+        UserError: a directory's manifest is missing or malformed (`read_manifest`).
+    """
+    crowded = [(d, c) for d in dirs if (c := _crowded_host(read_manifest(d))) is not None]
+    if not crowded:
+        return None
+    d, (host, ranks, cores) = crowded[0]
+    more = f" (and in {len(crowded) - 1} more of the profiles)" if len(crowded) > 1 else ""
+    return (
+        f"warning: {d}: {ranks} ranks shared {cores} cores on host {host!r}{more}: they wait for "
+        "cores as well as for one another, which the cost model (each rank on a core of its "
+        "own) does not price, so its predicted gains can be optimistic; measure a plan before "
+        "trusting them (`sparselift bench`, `sparselift tune`)"
+    )
+
+
+def _crowded_host(m: dict[str, Any]) -> tuple[str, int, int] | None:
+    """The first host of a CPU profile with more ranks than cores: (host, ranks, cores)."""
+    hosts, cores = m.get("hosts") or [], m.get("host_cores") or []
+    if m.get("device") != "cpu" or len(hosts) != len(cores):
+        return None
+    ranks: dict[str, int] = {}
+    least: dict[str, int] = {}
+    for host, n in zip(hosts, cores, strict=True):
+        ranks[host] = ranks.get(host, 0) + 1
+        if n is not None:
+            least[host] = min(n, least.get(host, n))
+    return next(((h, ranks[h], least[h]) for h in least if ranks[h] > least[h]), None)
 
 
 def _check(p: Path, obj: dict[str, Any], shapes: dict[str, tuple[str, Any]], at: str) -> None:

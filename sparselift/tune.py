@@ -40,6 +40,7 @@ from sparselift.analysis.compare import steady_steps
 from sparselift.atomic import write_bytes, write_json
 from sparselift.bench import MAX_ROUNDS
 from sparselift.errors import UserError
+from sparselift.profile_manifest import shared_cores
 from sparselift.tune_ab import run_ab
 from sparselift.workloads.harness import MAX_STEPS, TrainConfig
 
@@ -285,6 +286,9 @@ def tune(
             "--force",
         ]
         _step(f"profile {plan}", argv, run_command, echo)
+        crowded = shared_cores([runs[0][1]]) if i == 0 else None
+        if crowded:
+            echo(f"tune: {crowded}")
         profiled[:0] = [d for _, d in runs]  # this plan's first: the sparse-dist fit pairs it
         _step(f"analyze {prof}", ["analyze", *profiled], run_command, echo)
         nxt = str(work / f"plan{i + 1}.json")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 
 import pandas as pd
 import pytest
 
 from sparselift.cli import main
+from sparselift.profile_manifest import shared_cores
 
 STEPS, WARMUP, STEADY = 3, 2, 4
 
@@ -128,6 +130,7 @@ def test_manifest(profile_dir):
         for (fwd, bwd), step in zip(timed, m["step_times_s"][r][WARMUP:], strict=True):
             assert 0 < fwd < step and 0 < bwd < step
     assert len(m["peak_memory_bytes"]) == 2 and all(b > 0 for b in m["peak_memory_bytes"])
+    assert m["host_cores"] == [len(os.sched_getaffinity(0))] * 2  # the ranks inherit ours
     assert (
         m["files"]["traces"] == ["rank0.trace.json.gz", "rank1.trace.json.gz"] and m["errors"] == []
     )
@@ -241,3 +244,20 @@ def test_the_manifest_records_the_collectives_precision_in_force(tmp_path, profi
     )
     m = json.loads((out / "manifest.json").read_text())
     assert m["comm_precision"] == {"forward": "fp16", "backward": "fp16"}
+
+
+@pytest.mark.slow
+def test_ranks_that_share_cores_are_warned_of(profile_dir, tmp_path):
+    m = json.loads((profile_dir / "manifest.json").read_text())
+    assert (shared_cores([profile_dir]) is None) == (len(os.sched_getaffinity(0)) >= 2)
+    crowded = tmp_path / "crowded"
+    crowded.mkdir()
+    (crowded / "manifest.json").write_text(json.dumps({**m, "host_cores": [1, 1]}))
+    warning = shared_cores([profile_dir, crowded])
+    assert warning is not None and warning.startswith(f"warning: {crowded}: 2 ranks shared 1 ")
+    assert f"host {m['hosts'][0]!r}" in warning
+    # one host: cores per rank; two hosts of one rank each have a core each
+    (crowded / "manifest.json").write_text(
+        json.dumps({**m, "hosts": ["a", "b"], "host_cores": [1, 1]})
+    )
+    assert shared_cores([crowded]) is None

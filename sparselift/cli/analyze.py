@@ -18,6 +18,7 @@ from sparselift.analysis.summary import format_summary
 from sparselift.atomic import check_writable
 from sparselift.calibration import Calibration
 from sparselift.errors import UserError
+from sparselift.profile_manifest import shared_cores
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -151,6 +152,9 @@ def run_analyze(args: argparse.Namespace) -> int:
         for line in a.unplaced:
             print(f"  {line}")
     print(calibration_line(a.calibration))
+    crowded = shared_cores([args.dir, *args.more])
+    if crowded:
+        print(crowded)
     if joint is not None:
         print("\n".join(held_out_lines(joint)))
     if fit is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparselift.errors import UserError
-from sparselift.profile_manifest import read_manifest
+from sparselift.profile_manifest import read_manifest, shared_cores
 
 if TYPE_CHECKING:
     from sparselift import plans
@@ -123,6 +123,9 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
             in_force = plan_in_force(read_manifest(args.profile[0]))
         if len(args.profile) > 1:
             calibration = _joint_calibration(args.profile)
+        crowded = shared_cores(args.profile)
+        if crowded:
+            print(crowded)
         provenance: dict[str, Any] = {"profile": str(profile)}
         if len(args.profile) > 1:
             provenance["profiles"] = [str(p) for p in args.profile]

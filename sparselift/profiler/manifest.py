@@ -17,6 +17,8 @@ recorded) came later too: a manifest without them has no hot ids (`hot_ids.read_
 hosts[rank] (each rank's host name; ranks per host = local_world_size) and missing_ranks[] (ranks
 whose trace did not reach the profile directory: not written, over the per-rank cap, or cut off)
 came with multi-host profiles: a manifest without them reads as unknown hosts and none missing.
+host_cores[rank] (the cores each rank's process may run on, `usable_cores`; absent in older
+manifests) tells whether the ranks of a host had a core each (`profile_manifest.shared_cores`).
 batch_transform (the split plans' batch transform timed on a real batch at the end of the
 window, `transform_cost.py`; null where nothing was timed, absent in older manifests):
 {device, repeats, hot_coverage, baseline_s[rank], elapsed_s[rank], samples[{rank, tables[],
@@ -51,6 +53,7 @@ timed on their own.
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -168,6 +171,7 @@ class ProfileFacts:
     hot_ids: str | None = None  # hot_ids.parquet where rank 0 wrote it, else None
     hosts: list[str] = field(default_factory=list)  # each rank's host name, in rank order
     missing_ranks: list[int] = field(default_factory=list)  # ranks whose trace is not in files
+    host_cores: list[int | None] = field(default_factory=list)  # per rank: its usable cores
     batch_transform: dict[str, Any] | None = None  # `transform_cost.transform_record`
     recombine: dict[str, Any] | None = None  # `recombine_cost.recombine_record`
     # the plans of the side-by-side job it was profiled in (None: TorchRec's planner), this
@@ -183,6 +187,14 @@ class ProfileFacts:
     lookup_s: list[dict[str, list[list[float]]]] | None = None
     # per rank, a split plan's transform and recombination in each steady step (`split_timer`)
     split_cost_s: list[list[list[float]]] | None = None
+
+
+def usable_cores() -> int | None:
+    """The cores this process may run on (its CPU affinity where the OS has one); None: unknown."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
 
 
 def build_manifest(f: ProfileFacts) -> dict[str, Any]:

@@ -16,7 +16,12 @@ import torch
 
 from sparselift.profiler.access_stats import TableStep
 from sparselift.profiler.hot_ids import HOT_IDS
-from sparselift.profiler.manifest import ProfileFacts, build_manifest, table_entries
+from sparselift.profiler.manifest import (
+    ProfileFacts,
+    build_manifest,
+    table_entries,
+    usable_cores,
+)
 from sparselift.profiler.recombine_cost import RankRecombine
 from sparselift.profiler.trace import et_name, trace_name
 from sparselift.profiler.transform_cost import RankTransform
@@ -37,6 +42,8 @@ class RankReport:
     errors: list[str]
     table_steps: list[TableStep] = field(default_factory=list)
     host: str = ""
+    # the cores its process may run on, read where the report is made: on the rank
+    cores: int | None = field(default_factory=usable_cores)
     transform: RankTransform | None = None  # its batch-transform timings (`transform_cost`)
     recombine: RankRecombine | None = None  # its recombination timings (`recombine_cost`)
 
@@ -90,6 +97,7 @@ def profile_facts(
         comm_precision=s.comm_precision,
         hot_ids=HOT_IDS if hot is not None else None,
         hosts=[r.host for r in reports],
+        host_cores=[r.cores for r in reports],
         missing_ranks=[r.rank for r in reports if trace_name(r.rank) not in r.files],
         batch_transform=transform,
         recombine=recombine,
