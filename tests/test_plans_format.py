@@ -147,6 +147,22 @@ def test_consistency_problems_are_all_listed():
         assert expected in msg, msg
 
 
+def test_a_shard_of_columns_fbgemm_cannot_run_is_refused():
+    d = doc(mixed())
+    t3 = next(x for x in d["tables"] if x["name"] == "t3")
+    assert [s["sizes"][1] for s in t3["shards"]] == [16, 16]
+    t3["shards"][0]["sizes"][1] = 14
+    t3["shards"][1]["offsets"][1], t3["shards"][1]["sizes"][1] = 14, 18
+    with pytest.raises(PlanError) as e:
+        plans.Plan.from_dict(d, "x.json")
+    assert e.value.problems == [
+        "table 't3': shard 0 has 14 columns: FBGEMM's kernels need a multiple of 4 (TorchRec "
+        "would refuse it when sharding)",
+        "table 't3': shard 1 has 18 columns: FBGEMM's kernels need a multiple of 4 (TorchRec "
+        "would refuse it when sharding)",
+    ]
+
+
 def test_model_and_tables_must_agree():
     d = doc(round_robin())
     d["tables"] = [x for x in d["tables"] if x["name"] != "t3"]

@@ -241,7 +241,7 @@ def two_feature_plan() -> plans.Plan:
     tables = [
         dict(name="a", num_embeddings=30, embedding_dim=4, feature_names=["x", "y"]),
         dict(name="b", num_embeddings=20, embedding_dim=4, feature_names=["b"]),
-        dict(name="c", num_embeddings=10, embedding_dim=6, feature_names=["c"]),
+        dict(name="c", num_embeddings=10, embedding_dim=12, feature_names=["c"]),
         dict(name="d", num_embeddings=5, embedding_dim=4, feature_names=["d"]),
         dict(name="e", num_embeddings=12, embedding_dim=4, feature_names=["e"]),
     ]
@@ -249,7 +249,7 @@ def two_feature_plan() -> plans.Plan:
     p.splits = [
         Split("a", "row_ranges", ("a0", "a1", "a2"), ranges=((0, 10), (10, 25), (25, 30))),
         Split("b", "hot_cold", ("bh", "bc"), hot_ids=(17, 3, 9)),
-        Split("c", "column_slices", ("c0", "c1"), ranges=((0, 2), (2, 6))),
+        Split("c", "column_slices", ("c0", "c1"), ranges=((0, 4), (4, 12))),
         Split("e", "row_ranges", ("e0", "e1"), ranges=((0, 5), (5, 12))),
     ]
     fps = {t.name: t for t in p.sharded_tables()}

@@ -41,8 +41,8 @@ def test_a_steps_transform_and_recombination_are_timed_with_what_they_moved():
     routed = ["x", "y", "b", "e"]  # "a" in 3 row ranges, "b" hot/cold, "e" in 2; "c" in columns
     assert features == len(routed) and ids == sum(len(bag) for f in routed for bag in feats[f])
     rows = len(feats["x"])
-    # read: x and y 3 parts of 4 columns, b and e 2 of 4, c its 6 columns in 2 slices
-    assert (read, written) == (rows * (12 + 12 + 8 + 8 + 6), rows * (4 + 4 + 4 + 6 + 4 + 4))
+    # read: x and y 3 parts of 4 columns, b and e 2 of 4, c its 12 columns in 2 slices
+    assert (read, written) == (rows * (12 + 12 + 8 + 8 + 12), rows * (4 + 4 + 4 + 12 + 4 + 4))
     assert transform_s > 0 and recombine_s > 0
     timer.detach()
     assert p.batch_transform().timer is None and step() is None

@@ -73,6 +73,7 @@ def _tiny_dict():
             "'num_embeddings' must be an integer",
         ),
         (lambda d: d["tables"][2].update(embedding_dim=True), "'embedding_dim' must be an integer"),
+        (lambda d: d["tables"][2].update(embedding_dim=6), "embedding_dim must be a multiple of 4"),
         (lambda d: d["tables"][2].update(embedding_dim=2**17), "embedding_dim must be an integer"),
         (lambda d: d["tables"][2].update(pooling_factor=float("nan")), "pooling_factor must be"),
         (lambda d: d["tables"][2].update(zipf_alpha=float("inf")), "zipf_alpha must be a number"),

@@ -185,6 +185,11 @@ def _shape_problems(t: TablePlan, fp: TableFingerprint, world: int, local: int) 
             )
         if nc == 0:
             problems.append(f"shard {i} has no columns")
+        elif nc % 4:
+            problems.append(
+                f"shard {i} has {nc} columns: FBGEMM's kernels need a multiple of 4 "
+                "(TorchRec would refuse it when sharding)"
+            )
     kind = t.sharding_type
     if kind == "table_wise":
         if (

@@ -316,6 +316,11 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
     _check_table_name(name, where)
     rows = _integer(t, "num_embeddings", where, MAX_NUM_EMBEDDINGS)
     dim = _integer(t, "embedding_dim", where, MAX_EMBEDDING_DIM)
+    if dim % 4:
+        raise UserError(
+            f"{where}: embedding_dim must be a multiple of 4 (FBGEMM's kernels, which TorchRec "
+            f"shards tables with, need it), got {dim}"
+        )
     pf = _number(t, "pooling_factor", where, 1.0, MAX_POOLING_FACTOR, 1.0)
     pooling = _get(t, "pooling", str, where) if "pooling" in t else "fixed"
     if pooling not in POOLINGS:

@@ -53,7 +53,8 @@ rule below is refused in one line that names the file and the table, before anyt
 - `name` (string, not empty, unique; required): the table's name; its feature is named after it
   unless `feature_names` is given.
 - `num_embeddings` (integer, 1..{max_rows}; required): rows.
-- `embedding_dim` (integer, 1..{max_dim}; required): columns.
+- `embedding_dim` (integer, a multiple of 4 in 4..{max_dim}; required): columns
+  (FBGEMM's kernels, which TorchRec shards tables with, need a multiple of 4).
 - `pooling_factor` (number, 1..{max_pooling}; default 1): mean ids per sample for each of the
   table's features; an integer with `fixed` pooling.
 - `pooling` (one of {poolings}; default `fixed`):
