@@ -201,3 +201,20 @@ def test_a_bad_digest_value_is_refused_naming_the_file_and_table(made, tmp_path,
     with pytest.raises(plans.PlanError, match="statistics.nope: no such table") as e:
         plans.load(bad)
     assert "no entry for table 't2'" in str(e.value)
+
+
+def test_a_kept_profiled_plan_names_its_preset_and_is_kept_only_for_its_ranks(made, tmp_path, cli):
+    prof, _ = made
+    kept = tmp_path / "kept.json"
+    args = ["--profile", str(prof), "--time-limit", "5", "--no-baseline"]
+    code, out, err = cli("optimize", *args, "--min-gain", "10", "--out", str(kept))
+    assert code == 0 and "kept the profiled plan" in out, out + err
+    assert plans.load(kept).topology.preset == "cpu-gloo"
+    code, out, err = cli("plan", "check", str(kept), "--profile", str(prof))
+    assert code in (0, 1) and "(the plan recorded " in out, out + err  # priced, not refused
+    wider = tmp_path / "wider.json"
+    code, out, err = cli(
+        "optimize", *args, "--min-gain", "10", "--world-size", "3", "--out", str(wider)
+    )
+    assert code == 0 and "the profiled plan is for 2 cpu ranks, 2 a host, not the 3" in out, out
+    assert plans.load(wider).topology.world_size == 3

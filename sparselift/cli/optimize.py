@@ -231,6 +231,19 @@ def run_optimize(args: argparse.Namespace) -> int:
         print("the profiled plan has splits and --splits is off: it is not kept as it is")
         in_force = None
     topo = inp.topo
+    if in_force is not None:
+        was = in_force.topology
+        if (was.world_size, was.local_world_size, was.device) != (
+            topo.world_size,
+            topo.local_world_size,
+            topo.device,
+        ):
+            print(
+                f"the profiled plan is for {was.world_size} {was.device} ranks, "
+                f"{was.local_world_size} a host, not the {topo.world_size} {topo.device} ranks, "
+                f"{topo.local_world_size} a host, planned for: it is not kept"
+            )
+            in_force = None
     print(
         f"planning {len(inp.stats)} tables for {topo.world_size} ranks ({topo.num_hosts} host(s), "
         f"{topo.preset or 'topology file'}, {topo.device}), batch {inp.batch_size}/rank, "

@@ -24,7 +24,7 @@ from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.costs import PlanCost
 from sparselift.optimizer.feasibility import fits_memory
-from sparselift.optimizer.planio import choices_from_plan, statistics_digest, to_plan
+from sparselift.optimizer.planio import choices_from_plan, plan_topology, statistics_digest, to_plan
 from sparselift.optimizer.problem import Problem, Solution
 from sparselift.optimizer.robust import (
     gate_precision,
@@ -373,6 +373,7 @@ def optimize(
         precision = plans.CommPrecision(forward=plan_wide.forward, backward=plan_wide.backward)
         plan = dataclasses.replace(
             base_plan,
+            topology=plan_topology(inp.topo),  # the profiled plan's names no preset
             comm_precision=precision,
             pipeline=plan_wide.pipeline,
             predicted=predicted,
