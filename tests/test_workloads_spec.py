@@ -88,6 +88,7 @@ def _tiny_dict():
         (lambda d: d.update(description=3), "'description' must be a string"),
         (lambda d: d["model"].update(dcn_num_layers=0), "dcn_num_layers must be an integer in"),
         (lambda d: d["model"].update(dense_arch=[64, 2**20]), "model.dense_arch must be"),
+        (lambda d: d["model"].update(over_arch=[1]), "over_arch of dlrm needs at least 2 layers"),
     ],
 )
 def test_bad_specs_are_refused_with_the_table_named(mutate, needle):

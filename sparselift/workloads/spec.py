@@ -293,6 +293,11 @@ def _parse_model(m: dict[str, Any], where: str) -> ModelSpec:
         raise UserError(
             f"{source}: model.over_arch must end in 1 (one logit), got {layers['over_arch'][-1]}"
         )
+    if arch != "concat-mlp" and len(layers["over_arch"]) < 2:
+        raise UserError(
+            f"{source}: model.over_arch of {arch} needs at least 2 layers (TorchRec's OverArch), "
+            f"got {list(layers['over_arch'])}"
+        )
     interaction = (
         _get(m, "interaction", str, where)
         if "interaction" in m

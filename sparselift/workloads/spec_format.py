@@ -41,7 +41,8 @@ rule below is refused in one line that names the file and the table, before anyt
 - `dense_arch` (non-empty list of integers, each 1..{max_features}; required): layer sizes of the
   dense tower. For `dlrm` and `dlrm-dcn` the last one must equal every table's `embedding_dim`.
 - `over_arch` (non-empty list of integers, each 1..{max_features}; required): layer sizes of the
-  over arch; the last must be 1 (one logit).
+  over arch; the last must be 1 (one logit); `dlrm` and `dlrm-dcn` need at least 2 (TorchRec's
+  OverArch).
 - `interaction` (string; default `dcn` for `dlrm-dcn`, else `dot`): recorded only; `arch` decides
   the interaction.
 - `dcn_num_layers` (integer, 1..{max_dcn_layers}; default 3): DCNv2 layers, for `dlrm-dcn`.
