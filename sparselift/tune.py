@@ -12,11 +12,12 @@ baseline beside it (separate jobs run at their own speed: the plan both ran leve
 plans tell more coefficients apart; a split plan's profile, of the model's tables split into
 virtual ones, is fitted with the others, and the statistics are read from one without splits),
 re-plans, and so on until the plan is a fixed point (or one already profiled) or the iteration
-budget is spent. Then it measures candidate and baseline in an A/B: both trained side by side in
-one job, taking turns (`workloads.side_by_side`), each plan as two models (two models of one
-plan step apart by where their memory landed). The candidate is shipped only when the lower
-end of the interval of the measured ratio, over every pair of models, is above 1: a model's
-prediction is evidence for trying a plan, not for shipping it.
+budget is spent. The candidate is the plan that ran fastest beside the baseline where any ran
+faster, else the plan the loop ended at. Then it measures candidate and baseline in an A/B: both
+trained side by side in one job, taking turns (`workloads.side_by_side`), each plan as two
+models (two models of one plan step apart by where their memory landed). The candidate is
+shipped only when the lower end of the interval of the measured ratio, over every pair of
+models, is above 1: a model's prediction is evidence for trying a plan, not for shipping it.
 
 Each step runs a `sparselift` command in-process (profile, analyze, optimize, plan: the caller
 passes the CLI's entry point, so this module does not import the CLI), so it takes the same
@@ -41,7 +42,7 @@ from sparselift.atomic import write_bytes, write_json
 from sparselift.bench import MAX_ROUNDS
 from sparselift.errors import UserError
 from sparselift.profile_manifest import shared_cores
-from sparselift.tune_ab import run_ab
+from sparselift.tune_ab import fastest_beside_baseline, run_ab
 from sparselift.workloads.harness import MAX_STEPS, TrainConfig
 
 STEADY_STEPS = 10  # each profile's steady steps at least (`sparselift profile`'s default)
@@ -89,10 +90,10 @@ class TuneResult:
     """What `tune` did and decided.
 
     Attributes:
-        baseline, candidate: plan files (the candidate is the loop's last plan).
+        baseline, candidate: plan files (the candidate: `fastest_beside_baseline`).
         iterations: the profiled plans, in order.
         fixed_point: whether the loop stopped because re-planning gave the same plan, or one
-            already profiled (then the candidate is that one).
+            already profiled.
         ab_ratios: per A/B round, candidate steps/s ÷ baseline steps/s, each the geometric
             mean over its models (empty without A/B).
         ratio, low, high: the median per-round ratio and the interval over every pair of
@@ -338,7 +339,13 @@ def tune(
         if i == max_iterations:
             break
         plan, predicted = nxt, json.loads(Path(nxt).read_text())["predicted"]["step_time_s"]
-    result.candidate = plan
+    tried = [(it.plan, it.measured_step_s, it.baseline_step_s) for it in result.iterations[1:]]
+    result.candidate = fastest_beside_baseline(tried, plan)
+    if result.candidate != plan:
+        echo(
+            f"tune: {Path(result.candidate).name} ran faster beside the baseline than "
+            f"{Path(plan).name}, where the loop ended: it is the candidate"
+        )
     if same_sharding(plan, baseline):
         result.shipped, result.reason = "baseline", "SparseLift's plan is the baseline's: kept it"
     else:

@@ -1,4 +1,5 @@
-"""`tune`'s A/B: candidate vs baseline trained side by side in one job, and the verdict.
+"""`tune`'s A/B: which plan it tries, candidate vs baseline trained side by side in one job, and
+the verdict.
 
 Each plan trains as AB_MODELS models (built candidate, baseline, baseline, candidate: neither
 plan always built first), because two models of one plan in one job step apart by where their
@@ -22,6 +23,24 @@ from sparselift.workloads.harness import TrainConfig
 
 CONFIDENCE = 0.95
 AB_MODELS = 2
+
+
+def fastest_beside_baseline(beside: list[tuple[str, float, float]], ended_at: str) -> str:
+    """The plan the A/B tries: of the plans the loop profiled beside the baseline, the one that
+    ran fastest against it in its job, where any ran faster than it; else `ended_at`, the plan
+    the loop ended at.
+
+    Why: the loop ends where the model stops changing its mind, but each iteration also measured
+    its plan beside the baseline; a plan the model came to prefer that measured slower than an
+    earlier one is not the one to try. The A/B measures the choice again, on its own.
+
+    Args:
+        beside: per plan profiled beside the baseline: (plan, its median step, the baseline's
+            median step in the same job).
+        ended_at: the plan the loop ended at.
+    """
+    faster = [(base_s / step_s, plan) for plan, step_s, base_s in beside if step_s < base_s]
+    return max(faster)[1] if faster else ended_at
 
 
 @dataclass

@@ -9,7 +9,7 @@ import pytest
 from sparselift.analysis.compare import ratio_interval, steady_steps
 from sparselift.cli import main
 from sparselift.tune import tune
-from sparselift.tune_ab import ab_interval
+from sparselift.tune_ab import ab_interval, fastest_beside_baseline
 from sparselift.tune_report import write_tune_report
 from sparselift.workloads.harness import TrainConfig
 from sparselift.workloads.launch import RankFailed
@@ -157,9 +157,14 @@ def test_a_split_candidates_profile_is_fitted_with_the_rest_and_a_return_ends_th
         "profile0-model-2",
     ]
     assert doc["provenance"]["profile"] == str(work / "profile1-baseline")
-    # back to the baseline, already profiled: the loop ends there, with no A/B
+    # back to the baseline, already profiled: the loop ends there; the split plan is tried in
+    # an A/B only where it ran faster beside the baseline
     assert len(res.iterations) == 2 and res.fixed_point
-    assert res.candidate == baseline and res.shipped == "baseline" and res.ab_ratios == []
+    split = res.iterations[1]
+    if split.measured_step_s < split.baseline_step_s:
+        assert res.candidate == split.plan and len(res.ab_ratios) == LOOP["rounds"]
+    else:
+        assert res.candidate == baseline and res.shipped == "baseline" and res.ab_ratios == []
 
 
 @pytest.mark.slow
@@ -191,3 +196,13 @@ def test_the_row_wise_variant_makes_the_largest_table_row_wise_in_even_blocks(tm
         == 0
     )
     assert row_wise_variant(str(one), tmp_path) is None
+
+
+def test_the_ab_tries_the_plan_that_ran_fastest_beside_the_baseline():
+    # (plan, its step, the baseline's step beside it): plan1 ran 1.2x, plan2 0.9x, plan3 1.1x
+    tried = [("plan1", 0.10, 0.12), ("plan2", 0.10, 0.09), ("plan3", 0.10, 0.11)]
+    assert fastest_beside_baseline(tried, "plan3") == "plan1"
+    assert fastest_beside_baseline(tried[1:], "plan2") == "plan3"
+    # none ran faster than the baseline beside it: the plan the loop ended at
+    assert fastest_beside_baseline(tried[1:2], "plan2") == "plan2"
+    assert fastest_beside_baseline([], "torchrec.plan.json") == "torchrec.plan.json"
