@@ -212,6 +212,9 @@ def test_a_kept_profiled_plan_names_its_preset_and_is_kept_only_for_its_ranks(ma
     assert plans.load(kept).topology.preset == "cpu-gloo"
     code, out, err = cli("plan", "check", str(kept), "--profile", str(prof))
     assert code in (0, 1) and "(the plan recorded " in out, out + err  # priced, not refused
+    doc = json.loads(kept.read_text())  # as kept before plans named it: CPU has one preset
+    kept.write_text(json.dumps({**doc, "topology": {**doc["topology"], "preset": None}}))
+    assert cli("plan", "check", str(kept), "--profile", str(prof))[0] == code
     wider = tmp_path / "wider.json"
     code, out, err = cli(
         "optimize", *args, "--min-gain", "10", "--world-size", "3", "--out", str(wider)

@@ -148,8 +148,9 @@ def same_tables(plan: plans.Plan, stats: list[TableStats], profile: str) -> None
 
 
 def topology_of(plan: plans.Plan) -> Topology:
-    """The topology `optimize` made the plan for: its preset at its ranks, or the topology file
-    its provenance names (a plan made with `--topology FILE` without a preset).
+    """The topology `optimize` made the plan for: its preset at its ranks (cpu-gloo for a CPU
+    plan that names none), or the topology file its provenance names (a plan made with
+    `--topology FILE` without a preset).
 
     Raises:
         UserError: the plan names neither a preset nor a topology file that is still there, or
@@ -158,6 +159,8 @@ def topology_of(plan: plans.Plan) -> Topology:
     t = plan.topology
     if t.preset in PRESETS:
         return preset(t.preset, t.world_size, t.local_world_size)
+    if t.preset is None and t.device == "cpu":  # e.g. `plan from-torchrec`: CPU has one preset
+        return preset("cpu-gloo", t.world_size, t.local_world_size)
     recorded = (plan.provenance or {}).get("topology")
     if isinstance(recorded, str) and recorded not in PRESETS and Path(recorded).is_file():
         topo = load_topology(recorded)
