@@ -73,7 +73,8 @@ def _topology(args: argparse.Namespace) -> Any:
         world_size=args.world_size,
         local_world_size=local,
         device=DEVICE_PRESETS[args.device]["device"],
-        preset=None if args.device == DEVICE_PRESETS[args.device]["device"] else args.device,
+        # the optimizer's preset that prices it: CPU has one; a bare cuda names no GPU model
+        preset="cpu-gloo" if args.device == "cpu" else None,
     )
 
 
