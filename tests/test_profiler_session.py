@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import socket
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from sparselift.cli import main
 
 # One rank of a user's own trainer: DMP model, TorchRec pipeline, ProfileSession around the loop.
 TRAINER = textwrap.dedent("""
@@ -195,6 +198,14 @@ def test_training_that_ends_inside_the_window_still_writes_the_manifest(tmp_path
         "rank0.trace.json.gz",
         "rank1.trace.json.gz",
     ]
+    # the step begun by the last prof.step() never ran: the traces hold the profiled step alone,
+    # so the profile is analyzed as it is
+    for r in (0, 1):
+        with gzip.open(out / f"rank{r}.trace.json.gz", "rt") as f:
+            events = json.load(f)["traceEvents"]
+        steps = {e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}
+        assert steps == {"ProfilerStep#2"}
+    assert main(["analyze", str(out)]) == 0
 
 
 @pytest.mark.slow

@@ -259,6 +259,8 @@ class ProfileSession:
         self._steady.drop_open_step()
         if not self.done:
             self._recorder.step = None
+            if self._trace is not None:
+                self._trace.drop_open_step()
             self._close()
         elif self._steady_open:
             self._end_steady()

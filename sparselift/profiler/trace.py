@@ -7,6 +7,8 @@ name torch.profiler itself uses) so trace steps line up with the training loop's
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,8 @@ class TraceRecorder:
             activities=activities, record_shapes=True, execution_trace_observer=self._et
         )
         self._step: Any = None
+        self._step_name = ""
+        self._unrun = ""  # the name of a step range to leave out of the written trace
         self.running = False
 
     def start(self) -> None:
@@ -53,8 +57,15 @@ class TraceRecorder:
 
     def step_begin(self, step: int) -> None:
         """Open the trace's `ProfilerStep#<step>` range."""
-        self._step = record_function(f"ProfilerStep#{step}")
+        self._step_name = f"ProfilerStep#{step}"
+        self._step = record_function(self._step_name)
         self._step.__enter__()
+
+    def drop_open_step(self) -> None:
+        """The open step never ran (training ended first): the written trace leaves it out, so
+        that its steps are the steps the manifest says were profiled."""
+        if self._step is not None:
+            self._unrun = self._step_name
 
     def step_end(self) -> None:
         """Close the open step range, if any."""
@@ -80,6 +91,8 @@ class TraceRecorder:
         tmp = self.out_dir / f".{final.name[: -len('.json.gz')]}.{os.getpid()}.tmp.json.gz"
         try:
             self._prof.export_chrome_trace(str(tmp))
+            if self._unrun:
+                _leave_out(tmp, self._unrun)
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
@@ -92,3 +105,12 @@ class TraceRecorder:
     def discard(self) -> None:
         """Drop temp files left by a failed write."""
         self._et_tmp.unlink(missing_ok=True)
+
+
+def _leave_out(path: Path, name: str) -> None:
+    """Rewrite the gzipped Chrome trace `path` without its events named `name`."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        doc = json.load(f)
+    doc["traceEvents"] = [e for e in doc.get("traceEvents", []) if e.get("name") != name]
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(doc, f)
