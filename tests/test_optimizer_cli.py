@@ -98,7 +98,7 @@ def test_refusals(tmp_path, capsys, case):
                     "name": "e",
                     "batch_size": 8,
                     "dense_in_features": 1,
-                    "model": {"arch": "dlrm", "dense_arch": [4], "over_arch": [1]},
+                    "model": {"arch": "dlrm", "dense_arch": [4], "over_arch": [4, 1]},
                     "tables": [],
                 }
             )
