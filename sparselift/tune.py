@@ -346,7 +346,7 @@ def tune(
             f"tune: {Path(result.candidate).name} ran faster beside the baseline than "
             f"{Path(plan).name}, where the loop ended: it is the candidate"
         )
-    if same_sharding(plan, baseline):
+    if same_sharding(result.candidate, baseline):
         result.shipped, result.reason = "baseline", "SparseLift's plan is the baseline's: kept it"
     else:
         base = dataclasses.replace(cfg, hook=ab_hook, hook_args=ab_hook_args or {})

@@ -373,7 +373,7 @@ def optimize(
         precision = plans.CommPrecision(forward=plan_wide.forward, backward=plan_wide.backward)
         plan = dataclasses.replace(
             base_plan,
-            topology=plan_topology(inp.topo),  # the profiled plan's names no preset
+            topology=plan_topology(inp.topo),  # a profiled plan names no preset
             comm_precision=precision,
             pipeline=plan_wide.pipeline,
             predicted=predicted,
