@@ -11,6 +11,7 @@ import pytest
 import torch
 from plans_helpers import DLRM_EBC, mixed, round_robin
 from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
@@ -81,11 +82,17 @@ def test_module_path_is_found_by_walking_the_model():
 
 
 def test_sharders_carry_qcomm_codecs_and_pipeline_class():
-    (plain,) = round_robin(2).sharders()
+    plain, plain_seq = round_robin(2).sharders()
     assert isinstance(plain, EmbeddingBagCollectionSharder) and plain.qcomm_codecs_registry is None
-    (quant,) = mixed("fp16").sharders()
+    assert isinstance(plain_seq, EmbeddingCollectionSharder)
+    assert plain_seq.qcomm_codecs_registry is None
+    quant, quant_seq = mixed("fp16").sharders()
     registry = quant.qcomm_codecs_registry
     assert registry and "pooled_embeddings_all_to_all" in {str(k).lower() for k in registry}
+    seq_registry = quant_seq.qcomm_codecs_registry  # the sequence all-to-all at the same precision
+    assert seq_registry and "sequence_embeddings_all_to_all" in {
+        str(k).lower() for k in seq_registry
+    }
     assert round_robin(2).pipeline_class() is TrainPipelineBase
     assert mixed(pipeline="sparse-dist").pipeline_class() is TrainPipelineSparseDist
 

@@ -33,7 +33,8 @@ def dist_bytes(
     and gradients; on gloo each other rank also counts what it sends that rank and receives from
     it (`both_ends`). Row-wise shards send their share of the ids (and on gloo receive the others'
     share), and gloo's row-wise output is a ring all-reduce of the whole output, its backward an
-    all-gather.
+    all-gather. An EmbeddingCollection's table (`pooling_type` "NONE") returns one row per id,
+    not per sample: its outputs are counted from the ids, and row-wise ones by all-to-all.
 
     Args:
         access: the profile's access statistics (ids per table, rank and step).
@@ -49,6 +50,11 @@ def dist_bytes(
         for t in manifest.get("tables") or []
         if isinstance(t, dict) and "name" in t
     }
+    sequence = {
+        t["name"]
+        for t in manifest.get("tables") or []
+        if isinstance(t, dict) and t.get("pooling_type") == "NONE"
+    }
     gloo = (manifest.get("backend") or "gloo") == "gloo"
     peers = both_ends(manifest.get("device") or "cpu") and gloo
     shards = plan_tables[plan_tables["sharding_type"].isin(SHARDED)]
@@ -62,12 +68,16 @@ def dist_bytes(
     r_of = np.searchsorted(ranks, np.arange(world))  # rank r → its accumulator row
     for (table, st), sh in shards.groupby(["table", "sharding_type"]):
         lengths = batch * feats.get(table, 1) * LENGTH_BYTES
-        idb = ids.get(table, np.zeros((len(steps), world))) * ID_BYTES + lengths  # [step, r]
+        table_ids = ids.get(table, np.zeros((len(steps), world)))  # [step, r]
+        idb = table_ids * ID_BYTES + lengths
         if st in ("table_wise", "column_wise"):  # counted at the shard's rank, which receives
             own = np.searchsorted(ranks, sh["rank"].to_numpy(dtype=np.int64))  # ids, gradients
             outs = np.array([batch * c * FLOAT_BYTES for c in sh["cols"]], dtype=np.float64)
             away = own[None, :] != r_of[:, None]  # [r, shard]
             grid = (len(steps), world, len(own))  # the loops' order: step, r, shard
+            if table in sequence:  # rank r's ids' rows: [step, r, shard]
+                cols = sh["cols"].to_numpy(dtype=np.float64)
+                outs = table_ids[:, :, None] * cols[None, None, :] * FLOAT_BYTES
             at = np.broadcast_to(own, grid)
             acc.add(at, "output_dist_fwd", st, np.where(away, outs, 0.0), None)
             acc.add(at, "input_dist", st, np.broadcast_to(idb[:, :, None], grid), away)
@@ -87,6 +97,11 @@ def dist_bytes(
             if peers:
                 ids_x = ids_x + (idb.sum(axis=1, keepdims=True) - idb) / world
             acc.add(at, "input_dist", st, ids_x, None)
+            if table in sequence:  # all-to-all of the rows of the ids each rank sent away
+                rows_x = table_ids * float(sh["cols"].max()) * FLOAT_BYTES * (world - 1) / world
+                acc.add(at, "output_dist_fwd", st, rows_x, None)
+                acc.add(at, "output_dist_bwd", st, rows_x, None)
+                continue
             acc.add(at, "output_dist_fwd", st, np.full(per_rank, fwd, dtype=np.float64), None)
             acc.add(at, "output_dist_bwd", st, np.full(per_rank, (world - 1) * out, float), None)
     return acc.frame(ranks, steps)

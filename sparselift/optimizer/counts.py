@@ -131,6 +131,8 @@ def _sparselift_counts(
     N, d, p = t.num_embeddings, t.embedding_dim, t.ids_per_sample
     nf = max(1, len(t.feature_names))
     idb = B * (p * ID_BYTES + nf * LENGTH_BYTES)  # one rank's ids for this table, to one shard
+    # output rows per sample: one pooled row (a bag), or one row per id (an EmbeddingCollection)
+    rows_out = p if t.sequence else 1.0
     gpu = topo.device == "cuda"
     copies = both_ends(topo.device) and L > 1  # gloo: bytes cost both ends (`kernels.both_ends`)
     if c.kernel == UVM_CACHING and c.cache_load_factor is None:
@@ -169,7 +171,7 @@ def _sparselift_counts(
         own = Counts(
             lookup_x=B * p * d,
             dense_grad_x=N * d,
-            **work(B * p, unique(B * p), d, B),
+            **work(B * p, unique(B * p), d, B * rows_out),
             ar_intra=ring if topo.num_hosts == 1 else 0.0,
             ar_inter=ring if topo.num_hosts > 1 else 0.0,
             hbm=hbm + (grad if gpu else 0.0),
@@ -180,7 +182,7 @@ def _sparselift_counts(
         cols = d / c.shards
         hbm, ddr, dense_x = memory(N, cols)
         lx = W * B * p * cols
-        out = B * cols * FLOAT_BYTES
+        out = B * rows_out * cols * FLOAT_BYTES
         # the shard's rank receives every other rank's ids and gradients: with ids spread over
         # many owners, the receiving side is where an all-to-all is unbalanced
         own = Counts(
@@ -195,14 +197,16 @@ def _sparselift_counts(
             dense_grad_x=dense_x,
             hbm=hbm,
             ddr=ddr,
-            **work(W * B * p, unique(W * B * p), cols),
+            **work(W * B * p, unique(W * B * p), cols, W * B * rows_out),
         )
         # on gloo the other ranks of the host pay too: their ids out, the outputs and grads
         peer = Counts(ids_intra=idb, out_fwd_intra=out, out_bwd_intra=out) if copies else zero
         return ClassCounts("rank", c.shards, own, peer, zero)
     if c.sharding_type == RW:
         hbm, ddr, dense_x = memory(N / W, d)
-        out = B * d * FLOAT_BYTES
+        # to each other rank: its partial bags (W·B·d reduced and scattered), or the rows of
+        # the ids it sent here (an EmbeddingCollection's all-to-all)
+        out = B * d * FLOAT_BYTES * (p / W if t.sequence else 1.0)
         lx = B * p * d
         own = Counts(
             ids_intra=idb * (L - 1) / W * (2.0 if copies else 1.0),  # sent (and received)
@@ -216,9 +220,11 @@ def _sparselift_counts(
             dense_grad_x=dense_x,
             hbm=hbm,
             ddr=ddr,
-            **work(B * p, unique(W * B * p) / W, d),
+            **work(B * p, unique(W * B * p) / W, d, B * p if t.sequence else W * B),
         )
-        if not gpu:  # gloo has no reduce-scatter: a ring all-reduce of the whole W·B·d output
+        if (
+            not gpu and not t.sequence
+        ):  # gloo has no reduce-scatter: a ring all-reduce of the whole W·B·d output
             own = replace(
                 own,
                 out_fwd_intra=2.0 * (W - 1) / W * W * out if topo.num_hosts == 1 else 0.0,

@@ -93,13 +93,14 @@ def table_plan(t: TableStats, ch: Choice, topo: Topology) -> plans.TablePlan:
 
 
 def fingerprints(stats: list[TableStats]) -> list[plans.TableFingerprint]:
-    """The tables as a plan's model fingerprint (name, rows, dim, features)."""
+    """The tables as a plan's model fingerprint (name, rows, dim, features, sequence)."""
     return [
         plans.TableFingerprint(
             name=t.name,
             num_embeddings=t.num_embeddings,
             embedding_dim=t.embedding_dim,
             feature_names=tuple(t.feature_names or (t.name,)),
+            sequence=t.sequence,
         )
         for t in stats
     ]

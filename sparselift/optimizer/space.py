@@ -2,8 +2,9 @@
 
 An `OptionClass` is a table's sharding type, compute kernel, cache size and shard count, without
 the ranks; a `Choice` adds where its shards go. Classes are enumerated only where TorchRec can run
-them on that device (no UVM caching on CPU; table-row-wise only with several hosts; column shards
-that FBGEMM can run: a multiple of 4 columns, at least 16) and dominated classes are pruned with a
+them on that device (no UVM caching on CPU; table-row-wise only with several hosts and never for
+an EmbeddingCollection's table; column shards that FBGEMM can run: a multiple of 4 columns, at
+least 16) and dominated classes are pruned with a
 stated reason, which keeps the CP-SAT model small:
 - the dense kernel only for data-parallel: TorchRec's sharder offers model-parallel tables only
   fused kernels and `sparselift.plans` refuses anything else, so a dense table-wise plan could not
@@ -118,6 +119,6 @@ def enumerate_classes(t: TableStats, topo: Topology, batch_size: int) -> list[Op
             cols = t.embedding_dim // k
             if k <= w and t.embedding_dim % k == 0 and cols % 4 == 0 and cols >= MIN_CW_COLS:
                 classes += kernels(CW, k)
-    if topo.num_hosts > 1:
+    if topo.num_hosts > 1 and not t.sequence:  # TorchRec shards no EmbeddingCollection TWRW
         classes += kernels(TWRW, topo.local_world_size)
     return sorted(classes)

@@ -261,7 +261,8 @@ def split_options(
     hot: dict[str, HotIds] | None = None,
     hottest: dict[str, Sequence[int]] | None = None,
 ) -> dict[str, list[SplitOption]]:
-    """Every split offered for each table (tables with none are left out).
+    """Every split offered for each table (tables with none are left out; an EmbeddingCollection's
+    table has none: the split model stands in for EmbeddingBagCollections only).
 
     Args:
         stats: the model's tables.
@@ -279,6 +280,8 @@ def split_options(
         return {}
     out: dict[str, list[SplitOption]] = {}
     for t in stats:
+        if t.sequence:
+            continue
         opts: list[SplitOption] = []
         if hot and t.name in hot:
             opts += hot_cold_options(t, hot[t.name])

@@ -30,6 +30,7 @@ class TableStats:
     top1pct_share: float | None = None  # measured share of accesses to the hottest 1% rows
     top10pct_share: float | None = None
     feature_names: tuple[str, ...] = ()
+    sequence: bool = False  # an EmbeddingCollection's table: one output row per id, unpooled
     # a virtual table of a split (`split_options`): the model table it is a part of, the share
     # of that table's split features whose batch-transform calls this part is charged, and the
     # share of its own pooled width the recombined output holds (summed parts: 1/parts)
@@ -108,7 +109,7 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
         raise UserError(
             f"{path}: missing columns {', '.join(missing)}" if missing else f"{path}: no rows"
         )
-    features = _manifest_features(Path(profile_dir))
+    features, sequence = _manifest_tables(Path(profile_dir))
     out = []
     order = list(dict.fromkeys(df["table"]))
     for name in order:
@@ -129,20 +130,22 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
                 top1pct_share=col("top1pct_share"),
                 top10pct_share=col("top10pct_share"),
                 feature_names=tuple(features.get(str(name), (str(name),))),
+                sequence=str(name) in sequence,
             )
         )
     return out, int(df["batch_size"].median())
 
 
-def _manifest_features(profile_dir: Path) -> dict[str, list[str]]:
+def _manifest_tables(profile_dir: Path) -> tuple[dict[str, list[str]], set[str]]:
     """Feature names per table from manifest.json where it lists the model's tables (a list of
-    names; anything else, or a manifest that cannot be read, gives the table's own name)."""
+    names; anything else, or a manifest that cannot be read, gives the table's own name), and
+    the tables it records as unpooled (`pooling_type` "NONE": an EmbeddingCollection's)."""
     try:
         m = json.loads((profile_dir / "manifest.json").read_text())
     except (OSError, ValueError):
-        return {}
+        return {}, set()
     if not isinstance(m, dict):
-        return {}
+        return {}, set()
     model, workload = m.get("model"), m.get("workload")  # a manifest's workload is its name
     tables = (
         (model.get("tables") if isinstance(model, dict) else None)
@@ -150,7 +153,7 @@ def _manifest_features(profile_dir: Path) -> dict[str, list[str]]:
         or (workload.get("tables") if isinstance(workload, dict) else None)
         or []
     )
-    out = {}
+    out, sequence = {}, set()
     for t in tables if isinstance(tables, list) else []:
         if isinstance(t, dict) and isinstance(t.get("name"), str):
             names = t.get("feature_names")
@@ -158,4 +161,6 @@ def _manifest_features(profile_dir: Path) -> dict[str, list[str]]:
                 out[t["name"]] = list(names)
             else:
                 out[t["name"]] = [t["name"]]
-    return out
+            if t.get("pooling_type") == "NONE" or t.get("sequence") is True:
+                sequence.add(t["name"])
+    return out, sequence

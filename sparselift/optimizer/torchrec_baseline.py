@@ -46,23 +46,31 @@ def tr_topology(topo: Topology) -> Any:
     return TRTopology(**kw)
 
 
-def ebc(stats: list[TableStats]) -> Any:
-    """An EmbeddingBagCollection of these tables on the meta device (shapes only)."""
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+def embedding_model(stats: list[TableStats]) -> Any:
+    """The tables on the meta device (shapes only): an EmbeddingBagCollection, or where some
+    are sequence tables a module holding an EmbeddingBagCollection (`ebc`, the pooled ones) and
+    an EmbeddingCollection (`ec`), as TorchRec's planner sees such a model."""
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-    return EmbeddingBagCollection(
-        tables=[
-            EmbeddingBagConfig(
-                name=s.name,
-                embedding_dim=s.embedding_dim,
-                num_embeddings=s.num_embeddings,
-                feature_names=list(s.feature_names or (s.name,)),
-            )
-            for s in stats
-        ],
-        device=torch.device("meta"),
-    )
+    def config(cls: Any, s: TableStats) -> Any:
+        return cls(
+            name=s.name,
+            embedding_dim=s.embedding_dim,
+            num_embeddings=s.num_embeddings,
+            feature_names=list(s.feature_names or (s.name,)),
+        )
+
+    meta = torch.device("meta")
+    pooled = [config(EmbeddingBagConfig, s) for s in stats if not s.sequence]
+    sequence = [config(EmbeddingConfig, s) for s in stats if s.sequence]
+    if not sequence:
+        return EmbeddingBagCollection(tables=pooled, device=meta)
+    model = torch.nn.Module()
+    if pooled:
+        model.ebc = EmbeddingBagCollection(tables=pooled, device=meta)
+    model.ec = EmbeddingCollection(tables=sequence, device=meta)
+    return model
 
 
 def planner_constraints(
@@ -119,7 +127,7 @@ def torchrec_baseline_plan(
     sh = None if comm_precision is None else precision_sharders(comm_precision, torch.device("cpu"))
     with quiet():
         sp = plans.torchrec_plan(
-            ebc(stats),
+            embedding_model(stats),
             ptopo,
             batch_size,
             sh,
@@ -157,7 +165,6 @@ def torchrec_best_plan(
     Raises:
         PlanError: the planner found no plan.
     """
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.proposers import (
         GreedyProposer,
@@ -165,14 +172,12 @@ def torchrec_best_plan(
         UniformProposer,
     )
 
-    from sparselift.plans.to_torchrec import precision_sharders
+    from sparselift.plans.to_torchrec import default_sharders, precision_sharders
 
     ptopo = plan_topology(topo)
     cpu = torch.device("cpu")
     sharders = (
-        [EmbeddingBagCollectionSharder()]
-        if comm_precision is None
-        else precision_sharders(comm_precision, cpu)
+        default_sharders() if comm_precision is None else precision_sharders(comm_precision, cpu)
     )
     with quiet():
         planner = EmbeddingShardingPlanner(
@@ -189,7 +194,7 @@ def torchrec_best_plan(
             timeout_seconds=max(1, int(timeout_s)),
         )
         try:
-            sp = planner.plan(ebc(stats), sharders)
+            sp = planner.plan(embedding_model(stats), sharders)
         except Exception as e:  # PlannerError: e.g. the tables do not fit the topology's memory
             if type(e).__name__ == "PlannerError":
                 raise plans.PlanError("torchrec planner", str(e).strip().splitlines()[0]) from None

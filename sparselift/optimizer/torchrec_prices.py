@@ -29,8 +29,8 @@ from sparselift.optimizer.planio import table_plan
 from sparselift.optimizer.space import CW, DP, TW, UVM_CACHING, Choice, OptionClass
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
-from sparselift.optimizer.torchrec_baseline import ebc, planner_constraints, tr_topology
-from sparselift.optimizer.torchrec_referee import _AllTypesSharder
+from sparselift.optimizer.torchrec_baseline import embedding_model, planner_constraints, tr_topology
+from sparselift.optimizer.torchrec_referee import all_types_sharders
 from sparselift.plans.baselines import quiet_torchrec as quiet
 
 MS = 1e-3  # TorchRec's estimates are in ms (its bandwidths are bytes/ms): seconds per ms
@@ -112,7 +112,7 @@ class TorchRecPrices:
                 constraints=cons,
                 estimator=[_NoEstimate()],
             )
-            options = enum.enumerate(ebc(stats), [_AllTypesSharder()])
+            options = enum.enumerate(embedding_model(stats), all_types_sharders())
             keys = getattr(enum, "_sharder_data_map", {})
             data = build_sharder_data(precision_sharders(self.precision, torch.device("cpu"))[0])
         self._sharder_data = {key: data for key in keys}

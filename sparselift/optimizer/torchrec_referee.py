@@ -23,41 +23,44 @@ import torch
 from sparselift import plans
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
-from sparselift.optimizer.torchrec_baseline import ebc, planner_constraints, tr_topology
+from sparselift.optimizer.torchrec_baseline import embedding_model, planner_constraints, tr_topology
 from sparselift.plans.baselines import quiet_torchrec as quiet
 
 
-class _AllTypesSharder:
-    """EmbeddingBagCollectionSharder that offers every sharding type and kernel on every device:
-    row-wise and table-row-wise run on gloo CPU when the plan is built directly, so the referee must
-    be able to score them there too."""
+def all_types_sharders() -> list[Any]:
+    """EmbeddingBagCollection and EmbeddingCollection sharders that offer every sharding type
+    TorchRec has for each and every kernel on every device: row-wise and table-row-wise run on
+    gloo CPU when the plan is built directly, so the referee must be able to score them there
+    too."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.types import ShardingType
 
-    def __new__(cls) -> Any:  # a factory: TorchRec is imported only when it is needed
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        from torchrec.distributed.types import ShardingType
+    def kernels(self: Any, sharding_type: str, compute_device_type: str) -> list[str]:
+        if sharding_type == ShardingType.DATA_PARALLEL.value:
+            return ["dense"]
+        return ["fused", "fused_uvm_caching"] if compute_device_type == "cuda" else ["fused"]
 
-        class Sharder(EmbeddingBagCollectionSharder):
-            def sharding_types(self, compute_device_type: str) -> list[str]:
-                return [
-                    t.value
-                    for t in (
-                        ShardingType.DATA_PARALLEL,
-                        ShardingType.TABLE_WISE,
-                        ShardingType.COLUMN_WISE,
-                        ShardingType.TABLE_COLUMN_WISE,
-                        ShardingType.ROW_WISE,
-                        ShardingType.TABLE_ROW_WISE,
-                    )
-                ]
-
-            def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
-                if sharding_type == ShardingType.DATA_PARALLEL.value:
-                    return ["dense"]
-                return (
-                    ["fused", "fused_uvm_caching"] if compute_device_type == "cuda" else ["fused"]
+    class BagSharder(EmbeddingBagCollectionSharder):
+        def sharding_types(self, compute_device_type: str) -> list[str]:
+            return [
+                t.value
+                for t in (
+                    ShardingType.DATA_PARALLEL,
+                    ShardingType.TABLE_WISE,
+                    ShardingType.COLUMN_WISE,
+                    ShardingType.TABLE_COLUMN_WISE,
+                    ShardingType.ROW_WISE,
+                    ShardingType.TABLE_ROW_WISE,
                 )
+            ]
 
-        return Sharder()
+        compute_kernels = kernels
+
+    class SequenceSharder(EmbeddingCollectionSharder):
+        compute_kernels = kernels
+
+    return [BagSharder(), SequenceSharder()]
 
 
 class Verdict(NamedTuple):
@@ -98,7 +101,7 @@ def _estimated_options(
         topology=trt, batch_size=batch_size, constraints=cons, estimator=[estimator]
     )
     by_key: dict[tuple[str, str, str], Any] = {}
-    for o in enum.enumerate(ebc(stats), [_AllTypesSharder()]):
+    for o in enum.enumerate(embedding_model(stats), all_types_sharders()):
         by_key.setdefault((o.name, o.sharding_type, o.compute_kernel), o)
     return trt, estimator, getattr(enum, "_sharder_data_map", {}), by_key
 
@@ -261,7 +264,7 @@ def storage_verdicts(
         )
         cons = planner_constraints(stats)
         reserved = HeuristicalStorageReservation(percentage=0.15).reserve(
-            trt, batch_size, ebc(stats), [_AllTypesSharder()], cons
+            trt, batch_size, embedding_model(stats), all_types_sharders(), cons
         )
         budget = reserved.devices[0].storage
         sparse = EmbeddingStorageEstimator(

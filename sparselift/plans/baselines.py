@@ -154,7 +154,8 @@ def torchrec_plan(
         model: the unsharded model (tables on `meta` are fine).
         topology: the ranks; its device (or preset) picks TorchRec's device kind and memory.
         batch_size: samples per rank.
-        sharders: TorchRec sharders (default: the plain EmbeddingBagCollection sharder).
+        sharders: TorchRec sharders (default: the plain EmbeddingBagCollection and
+            EmbeddingCollection sharders).
         tr_topology: a TorchRec Topology with memory and bandwidths, instead of one built from
             `topology`.
         constraints: TorchRec ParameterConstraints per table.
@@ -165,8 +166,9 @@ def torchrec_plan(
     Raises:
         PlanError: the planner found no plan (e.g. the tables do not fit the topology's memory).
     """
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    from sparselift.plans.to_torchrec import default_sharders
 
     with quiet_torchrec():  # a Topology built directly logs a warning the user cannot act on
         if tr_topology is None:
@@ -185,7 +187,7 @@ def torchrec_plan(
             timeout_seconds=timeout_seconds,
         )
         try:
-            return planner.plan(model, sharders or [EmbeddingBagCollectionSharder()])
+            return planner.plan(model, sharders or default_sharders())
         except Exception as e:  # PlannerError: e.g. the tables do not fit the topology's memory
             if type(e).__name__ == "PlannerError":
                 raise PlanError("torchrec planner", str(e).strip().splitlines()[0]) from None

@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # `plan.py` calls these checks; importing it here would close
 
 # What EmbeddingBagCollectionSharder.compute_kernels offers per device, for model-parallel tables.
 MP_KERNELS = {"cpu": ("fused",), "cuda": ("fused", "fused_uvm", "fused_uvm_caching", "key_value")}
+# What EmbeddingCollectionSharder.sharding_types offers (an EmbeddingCollection's tables).
+SEQUENCE_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise")
 
 
 def plan_problems(plan: Plan) -> list[str]:
@@ -139,6 +141,11 @@ def table_problems(t: TablePlan, fp: TableFingerprint, plan: Plan) -> list[str]:
         for s in t.shards
         if s.rank >= world
     ]
+    if fp.sequence and t.sharding_type not in SEQUENCE_TYPES:
+        problems.append(
+            f"{t.sharding_type} is not offered for an EmbeddingCollection's table "
+            f"(use one of {', '.join(SEQUENCE_TYPES)})"
+        )
     if t.sharding_type == "data_parallel":
         if t.compute_kernel != "dense":
             problems.append(f"data_parallel needs compute_kernel 'dense', got {t.compute_kernel!r}")
@@ -281,6 +288,12 @@ def fit_problems(plan: Plan, tables: list[TableFingerprint], world_size: int) ->
         p = planned.get(name)
         if p is None:
             continue
+        if p.sequence != a.sequence:
+            kinds = ("an EmbeddingBagCollection's", "an EmbeddingCollection's")
+            problems.append(
+                f"table {name!r} is {kinds[a.sequence]} in the model, {kinds[p.sequence]} in "
+                "the plan"
+            )
         if name in splits:
             problems += split_fit_problems(splits[name], p, a)
             continue

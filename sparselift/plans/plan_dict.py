@@ -51,6 +51,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             num_embeddings=t.num_embeddings,
             embedding_dim=t.embedding_dim,
             feature_names=list(t.feature_names),
+            **({"sequence": True} if t.sequence else {}),
         )
         for t in plan.model
     ]

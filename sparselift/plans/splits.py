@@ -131,6 +131,12 @@ def split_problems(splits: list[Split], model: list[TableFingerprint]) -> list[s
         if s.table in seen_tables:
             problems.append(f"{where}: table {s.table!r} is split more than once")
         seen_tables.add(s.table)
+        if fp.sequence:
+            problems.append(
+                f"{where}: {s.table!r} is an EmbeddingCollection's table; only pooled "
+                "(EmbeddingBagCollection) tables are split"
+            )
+            continue
         problems += [f"{where}: {p}" for p in _part_problems(s, fps, seen_parts)]
         problems += [f"{where}: {p}" for p in _shape_problems(s, fp)]
         problems += [

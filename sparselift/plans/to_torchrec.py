@@ -1,7 +1,8 @@
 """A plan → TorchRec objects: ShardingPlan, sharders with qcomm codecs, pipeline, DMP, PlanLoader.
 
-Module paths are found by walking the model for its EmbeddingBagCollections, never hard-coded:
-DLRM keeps its tables at `model.sparse_arch.embedding_bag_collection`, other models elsewhere.
+Module paths are found by walking the model for its EmbeddingBagCollections and
+EmbeddingCollections, never hard-coded: DLRM keeps its tables at
+`model.sparse_arch.embedding_bag_collection`, other models elsewhere.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torchrec.distributed.types import (
     ShardingPlan,
     ShardMetadata,
 )
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from sparselift.plans.checkpoint import INNER
 from sparselift.plans.errors import PlanError
@@ -33,23 +34,20 @@ if TYPE_CHECKING:  # `Plan` calls into this module on first use; importing it wo
 
 
 class ModelTable(NamedTuple):
-    """A table found in a model: the EmbeddingBagCollection's module path and the table."""
+    """A table found in a model: its collection's module path and the table."""
 
     path: str
     table: TableFingerprint
 
 
 def model_tables(model: nn.Module) -> list[ModelTable]:
-    """Every table of every EmbeddingBagCollection in `model`, in module then table order.
+    """Every table of every EmbeddingBagCollection and EmbeddingCollection in `model`, in module
+    then table order.
 
     In a split model these are the tables as sharded: a stand-in's inner collection of virtual
     tables (`original_tables` gives the tables it stands for).
     """
-    out = []
-    for path, m in model.named_modules():
-        if isinstance(m, EmbeddingBagCollection):
-            out += [ModelTable(path, _fingerprint(c)) for c in m.embedding_bag_configs()]
-    return out
+    return [ModelTable(path, table) for path, m in model.named_modules() for table in _tables_of(m)]
 
 
 def original_tables(model: nn.Module) -> list[ModelTable]:
@@ -63,22 +61,32 @@ def original_tables(model: nn.Module) -> list[ModelTable]:
         if isinstance(m, VirtualTables):
             out += [ModelTable(path, _fingerprint(c)) for c in m.embedding_bag_configs()]
             inner.add(f"{path}.{INNER}" if path else INNER)
-        elif isinstance(m, EmbeddingBagCollection) and path not in inner:
-            out += [ModelTable(path, _fingerprint(c)) for c in m.embedding_bag_configs()]
+        elif path not in inner:
+            out += [ModelTable(path, table) for table in _tables_of(m)]
     return out
 
 
-def _fingerprint(c: Any) -> TableFingerprint:
+def _tables_of(m: nn.Module) -> list[TableFingerprint]:
+    """The tables of `m` if it is an EmbeddingBagCollection or an EmbeddingCollection."""
+    if isinstance(m, EmbeddingBagCollection):
+        return [_fingerprint(c) for c in m.embedding_bag_configs()]
+    if isinstance(m, EmbeddingCollection):
+        return [_fingerprint(c, sequence=True) for c in m.embedding_configs()]
+    return []
+
+
+def _fingerprint(c: Any, sequence: bool = False) -> TableFingerprint:
     return TableFingerprint(
         name=c.name,
         num_embeddings=c.num_embeddings,
         embedding_dim=c.embedding_dim,
         feature_names=tuple(c.feature_names),
+        sequence=sequence,
     )
 
 
 def _table_paths(plan: Plan, model: nn.Module | None) -> dict[str, str]:
-    """Table name → EmbeddingBagCollection path: from `model`, else the plan's `module` (or "";
+    """Table name → its collection's path: from `model`, else the plan's `module` (or "";
     a split table's parts live in the stand-in's inner collection, `<module>.virtual`)."""
     if model is None:
         split = {p for s in plan.splits for p in s.parts}
@@ -151,12 +159,23 @@ def sharding_plan(
 
 
 def sharders(plan: Plan, device: torch.device | None = None) -> list[Any]:
-    """The EmbeddingBagCollection sharder, with qcomm codecs when a collective is not fp32."""
+    """The EmbeddingBagCollection and EmbeddingCollection sharders, with qcomm codecs when a
+    collective is not fp32."""
     return precision_sharders(plan.comm_precision, device or torch.device(plan.topology.device))
 
 
+def default_sharders() -> list[Any]:
+    """TorchRec's EmbeddingBagCollection and EmbeddingCollection sharders, as it makes them."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+
+
 def precision_sharders(cp: CommPrecision, device: torch.device) -> list[Any]:
-    """The EmbeddingBagCollection sharder whose qcomm codecs run the collectives at `cp`."""
+    """The EmbeddingBagCollection sharder (first) and the EmbeddingCollection sharder whose
+    qcomm codecs run the collectives at `cp`."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.fbgemm_qcomm_codec import (
         CommType,
@@ -170,7 +189,10 @@ def precision_sharders(cp: CommPrecision, device: torch.device) -> list[Any]:
         ),
         device=device,
     )
-    return [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)]
+    return [
+        EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry),
+        EmbeddingCollectionSharder(qcomm_codecs_registry=registry),
+    ]
 
 
 def pipeline_class(name: str) -> type:
@@ -292,7 +314,7 @@ class SparseLiftPlanLoader(PlanLoader):
                 cache_params=CacheParams(load_factor=t.cache_load_factor)
                 if t.cache_load_factor is not None
                 else None,
-                is_pooled=True,
+                is_pooled=not fp.sequence,
                 feature_names=list(fp.feature_names),
             )
             out[option.storage_hash()] = option

@@ -31,12 +31,16 @@ class TableFingerprint:
         num_embeddings: rows.
         embedding_dim: columns.
         feature_names: the sparse features that look up this table, in order.
+        sequence: the table is an EmbeddingCollection's (one embedding per id, unpooled), not an
+            EmbeddingBagCollection's: its output collectives carry every id's row, and TorchRec
+            shards it only table-, column-, row-wise or data-parallel.
     """
 
     name: str
     num_embeddings: int
     embedding_dim: int
     feature_names: tuple[str, ...]
+    sequence: bool = False
 
     @classmethod
     def from_any(cls, t: TableFingerprint | dict[str, Any]) -> TableFingerprint:
@@ -44,7 +48,7 @@ class TableFingerprint:
 
         Args:
             t: a fingerprint, or a dict with `name`, `num_embeddings`, `embedding_dim` and optional
-                `feature_names` (default: the table's name).
+                `feature_names` (default: the table's name) and `sequence` (default: false).
         Returns:
             The fingerprint, sizes as Python ints.
         Raises:
@@ -57,6 +61,7 @@ class TableFingerprint:
             num_embeddings=int(t["num_embeddings"]),
             embedding_dim=int(t["embedding_dim"]),
             feature_names=tuple(t.get("feature_names") or (t["name"],)),
+            sequence=bool(t.get("sequence", False)),
         )
 
 

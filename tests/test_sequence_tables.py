@@ -1,0 +1,341 @@
+"""Models with an EmbeddingCollection (sequence tables, unpooled): found, priced, planned, loaded.
+
+An EmbeddingCollection's table returns one row per id, not one per sample, and TorchRec shards it
+only table-, column-, row-wise or data-parallel: the plan file says which tables are sequence
+tables, the loader shards them with the EmbeddingCollection sharder, and the optimizer prices
+their output collectives by their ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection
+from torchrec.modules.embedding_configs import EmbeddingConfig
+
+from sparselift import plans
+from sparselift.analysis.volumes import dist_bytes
+from sparselift.cli import main
+from sparselift.kernels import FLOAT_BYTES
+from sparselift.optimizer.counts import class_counts
+from sparselift.optimizer.space import RW, TW, TWRW, OptionClass, enumerate_classes
+from sparselift.optimizer.split_options import split_options
+from sparselift.optimizer.table_stats import TableStats
+from sparselift.optimizer.topology import preset
+from sparselift.plans.to_torchrec import model_tables
+
+
+class TwoCollections(torch.nn.Module):
+    """A pooled table and a sequence table, each in its own collection."""
+
+    def __init__(self, device: str = "meta") -> None:
+        super().__init__()
+        dev = torch.device(device)
+        self.bags = EmbeddingBagCollection(
+            tables=[
+                EmbeddingBagConfig(
+                    name="user", embedding_dim=8, num_embeddings=100, feature_names=["u"]
+                )
+            ],
+            device=dev,
+        )
+        self.seq = EmbeddingCollection(
+            tables=[
+                EmbeddingConfig(
+                    name="history", embedding_dim=8, num_embeddings=200, feature_names=["h"]
+                )
+            ],
+            device=dev,
+        )
+
+
+def _plan(sequence_type: str = "table_wise", sequence: bool = True) -> plans.Plan:
+    tables = [
+        plans.TableFingerprint("user", 100, 8, ("u",)),
+        plans.TableFingerprint("history", 200, 8, ("h",), sequence=sequence),
+    ]
+    shards = {
+        "table_wise": [plans.Shard(1, (0, 0), (200, 8))],
+        "row_wise": [plans.Shard(0, (0, 0), (100, 8)), plans.Shard(1, (100, 0), (100, 8))],
+        "table_row_wise": [plans.Shard(0, (0, 0), (100, 8)), plans.Shard(1, (100, 0), (100, 8))],
+    }[sequence_type]
+    return plans.Plan(
+        model=tables,
+        topology=plans.PlanTopology(world_size=2, local_world_size=2, device="cpu"),
+        tables=[
+            plans.TablePlan("user", "table_wise", "fused", [0], [plans.Shard(0, (0, 0), (100, 8))]),
+            plans.TablePlan("history", sequence_type, "fused", [s.rank for s in shards], shards),
+        ],
+    )
+
+
+def test_the_loader_finds_sequence_tables_and_the_plan_file_keeps_them(tmp_path):
+    found = {t.table.name: (t.path, t.table.sequence) for t in model_tables(TwoCollections())}
+    assert found == {"user": ("bags", False), "history": ("seq", True)}
+    plan = _plan()
+    path = tmp_path / "plan.json"
+    plans.save(plan, path)
+    tables = json.loads(path.read_text())["model"]["tables"]
+    assert [t.get("sequence") for t in tables] == [None, True]  # written only where true
+    again = plans.load(path)
+    assert again.model == plan.model
+    again.check(TwoCollections(), 2)
+    sp = again.sharding_plan(TwoCollections())
+    assert set(sp.plan) == {"bags", "seq"} and sp.plan["seq"]["history"].ranks == [1]
+    option = next(o for o in again.plan_loader().load().values() if o.name == "history")
+    assert option.is_pooled is False
+
+
+def test_a_plan_that_takes_a_sequence_table_for_a_pooled_one_is_refused():
+    with pytest.raises(plans.PlanError) as e:
+        _plan(sequence=False).check(TwoCollections(), 2)
+    assert e.value.problems == [
+        "table 'history' is an EmbeddingCollection's in the model, an EmbeddingBagCollection's "
+        "in the plan"
+    ]
+
+
+def test_sharding_types_an_embedding_collection_lacks_are_refused():
+    with pytest.raises(plans.PlanError) as e:
+        plans.Plan.from_dict(_plan("table_row_wise").to_dict(), "p.json")
+    assert any(
+        "table 'history': table_row_wise is not offered for an EmbeddingCollection's table" in p
+        for p in e.value.problems
+    )
+    plans.Plan.from_dict(_plan("row_wise").to_dict(), "p.json")  # row-wise is offered
+
+
+def test_a_split_of_a_sequence_table_is_refused():
+    d = _plan().to_dict()
+    d["version"] = 2
+    d["splits"] = [
+        {
+            "table": "history",
+            "kind": "row_ranges",
+            "parts": ["h0", "h1"],
+            "row_ranges": [[0, 100], [100, 200]],
+        }
+    ]
+    with pytest.raises(plans.PlanError) as e:
+        plans.Plan.from_dict(d, "p.json")
+    assert any(
+        "only pooled (EmbeddingBagCollection) tables are split" in p for p in e.value.problems
+    )
+
+
+def _stats(sequence: bool) -> TableStats:
+    return TableStats(
+        "history",
+        200_000,
+        64,
+        ids_per_sample=20.0,
+        zipf_alpha=1.0,
+        feature_names=("h",),
+        sequence=sequence,
+    )
+
+
+def test_sequence_outputs_are_priced_per_id_and_row_wise_as_an_all_to_all():
+    topo = preset("cpu-gloo", 4)
+    batch = 128
+    pooled, seq = _stats(False), _stats(True)
+    tw_pooled = class_counts(topo, batch, pooled, OptionClass(TW, "fused"))
+    tw_seq = class_counts(topo, batch, seq, OptionClass(TW, "fused"))
+    assert tw_pooled.own.out_fwd_intra == 3 * batch * 64 * FLOAT_BYTES
+    assert tw_seq.own.out_fwd_intra == 3 * batch * 20 * 64 * FLOAT_BYTES  # every id's row
+    assert tw_seq.own.ids_intra == tw_pooled.own.ids_intra  # the ids travel the same way
+    assert tw_seq.own.fwd_work > tw_pooled.own.fwd_work  # more output rows written
+    rw_seq = class_counts(topo, batch, seq, OptionClass(RW, "fused", 4))
+    rw_pooled = class_counts(topo, batch, pooled, OptionClass(RW, "fused", 4))
+    # pooled row-wise on gloo: a ring all-reduce of the whole W·B·d output; sequence: an
+    # all-to-all of the rows of the ids sent away
+    assert rw_pooled.own.out_fwd_intra == pytest.approx(2 * 3 / 4 * 4 * batch * 64 * FLOAT_BYTES)
+    assert rw_seq.own.out_fwd_intra == pytest.approx(3 * batch * 20 * 64 * FLOAT_BYTES / 4)
+
+
+def test_the_optimizer_offers_a_sequence_table_only_what_torchrec_can_run():
+    topo = preset("h100x8", 16)
+    assert topo.num_hosts == 2
+    assert any(c.sharding_type == TWRW for c in enumerate_classes(_stats(False), topo, 128))
+    assert not any(c.sharding_type == TWRW for c in enumerate_classes(_stats(True), topo, 128))
+    offered = split_options([dataclasses.replace(_stats(False), name="bag"), _stats(True)], 4)
+    assert "bag" in offered and "history" not in offered  # the same table pooled has splits
+
+
+def test_analysis_counts_a_sequence_tables_outputs_from_its_ids():
+    access = pd.DataFrame(
+        {"table": ["history"] * 2, "rank": [0, 1], "step": [3, 3], "ids": [500, 300]}
+    )
+    shards = pd.DataFrame(
+        [
+            {
+                "table": "history",
+                "module": "seq",
+                "sharding_type": "table_wise",
+                "rank": 1,
+                "rows": 200,
+                "cols": 8,
+            }
+        ]
+    )
+    manifest = {
+        "world_size": 2,
+        "batch_size": 64,
+        "backend": "gloo",
+        "device": "cpu",
+        "tables": [{"name": "history", "feature_names": ["h"], "pooling_type": "NONE"}],
+    }
+    got = dist_bytes(access, shards, manifest)
+    fwd = got[(got["kind"] == "output_dist_fwd")].set_index("rank")["x"]
+    # rank 0's 500 ids come back from rank 1 as 500 rows (counted at both ends on gloo)
+    assert fwd.to_dict() == {0: 500 * 8 * FLOAT_BYTES, 1: 500 * 8 * FLOAT_BYTES}
+    manifest["tables"][0]["pooling_type"] = "SUM"
+    pooled = dist_bytes(access, shards, manifest)
+    fwd = pooled[(pooled["kind"] == "output_dist_fwd")].set_index("rank")["x"]
+    assert fwd.to_dict() == {0: 64 * 8 * FLOAT_BYTES, 1: 64 * 8 * FLOAT_BYTES}
+
+
+# One rank of a user's trainer whose model has an EmbeddingBagCollection and an
+# EmbeddingCollection: `profile OUT` shards it with TorchRec's default plan and profiles a window;
+# `apply PLAN RESULT` shards it by a SparseLift plan, trains and reports how it was sharded.
+TRAINER = textwrap.dedent("""
+    import json, os, sys
+    import torch, torch.distributed as dist
+    from torchrec import (EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection,
+                          KeyedJaggedTensor)
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    import sparselift.plans
+    from sparselift.profiler import ProfileSession
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    meta = torch.device("meta")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ec = EmbeddingCollection(tables=[EmbeddingConfig(
+                name="history", embedding_dim=16, num_embeddings=4000, feature_names=["h"])],
+                device=meta)
+            self.ebc = EmbeddingBagCollection(tables=[
+                EmbeddingBagConfig(name="user", embedding_dim=16, num_embeddings=3000,
+                                   feature_names=["u"]),
+                EmbeddingBagConfig(name="item", embedding_dim=16, num_embeddings=2000,
+                                   feature_names=["i"])], device=meta)
+            self.top = torch.nn.Linear(48, 1)
+
+        def forward(self, seq, bags):
+            rows = self.ec(seq)["h"]
+            history = torch.stack([rows.values()[a:b].sum(0) for a, b in
+                                   zip(rows.offsets()[:-1].tolist(), rows.offsets()[1:].tolist())])
+            return self.top(torch.cat([history, self.ebc(bags).values()], 1)).pow(2).mean()
+
+    model = Model()
+    for m in (model.ec, model.ebc):
+        apply_optimizer_in_backward(torch.optim.SGD, m.parameters(), {"lr": 0.05})
+    if sys.argv[1] == "profile":
+        dmp = DistributedModelParallel(model, device=torch.device("cpu"), sharders=[
+            EmbeddingCollectionSharder(), EmbeddingBagCollectionSharder()])
+    else:
+        dmp = sparselift.plans.load(sys.argv[2]).apply(model, pg=dist.GroupMember.WORLD,
+                                                      device=torch.device("cpu"))
+    dense = torch.optim.SGD(dmp.module.top.parameters(), lr=0.05)
+
+    def batch(i, b=32):
+        g = torch.Generator().manual_seed(1000 * rank + i)
+        n = torch.randint(1, 8, (b,), generator=g)
+        seq = KeyedJaggedTensor.from_lengths_sync(
+            ["h"], torch.randint(0, 4000, (int(n.sum()),), generator=g), n)
+        m = torch.randint(1, 4, (2 * b,), generator=g)
+        bags = KeyedJaggedTensor.from_lengths_sync(
+            ["u", "i"], torch.randint(0, 2000, (int(m.sum()),), generator=g), m)
+        return seq, bags
+
+    def step(i):
+        loss = dmp(*batch(i))
+        loss.backward()
+        dense.step()
+        dense.zero_grad()
+        return float(loss)
+
+    if sys.argv[1] == "profile":
+        with ProfileSession(sys.argv[2], model=dmp, warmup=2, steps=2, steady_steps=3) as prof:
+            for i in range(8):
+                step(i)
+                prof.step()
+    else:
+        losses = [step(i) for i in range(4)]
+        sharding = {t: ps.sharding_type for mp in dmp.plan.plan.values() for t, ps in mp.items()}
+        json.dump(dict(losses=losses, sharding=sharding, paths=sorted(dmp.plan.plan)),
+                  open(f"{sys.argv[3]}.{rank}", "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+""")
+
+
+def _torchrun(script: Path, *args: str) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        *args,
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+
+
+@pytest.mark.slow
+def test_a_model_with_an_embedding_collection_is_profiled_planned_and_loaded(tmp_path, capsys):
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    prof, plan_path = tmp_path / "prof", tmp_path / "plan.json"
+    _torchrun(script, "profile", str(prof))
+    manifest = json.loads((prof / "manifest.json").read_text())
+    kinds = {t["name"]: t["pooling_type"] for t in manifest["tables"]}
+    assert kinds == {"history": "NONE", "user": "SUM", "item": "SUM"}
+    assert main(["analyze", str(prof)]) == 0
+    assert main(["optimize", "--profile", str(prof), "--out", str(plan_path)]) == 0
+    written = json.loads(plan_path.read_text())
+    assert {t["name"]: t.get("sequence", False) for t in written["model"]["tables"]} == {
+        "history": True,
+        "user": False,
+        "item": False,
+    }
+    # TorchRec's planner planned the EmbeddingCollection too (no "not in the plan" refusal),
+    # and the plan keeps to what an EmbeddingCollection can run
+    assert "splits" not in written
+    by_name = {t["name"]: t for t in written["tables"]}
+    assert by_name["history"]["sharding_type"] in (
+        "data_parallel",
+        "table_wise",
+        "column_wise",
+        "row_wise",
+    )
+    result = tmp_path / "result"
+    _torchrun(script, "apply", str(plan_path), str(result))
+    for r in range(2):
+        got = json.loads(Path(f"{result}.{r}").read_text())
+        assert got["paths"] == ["ebc", "ec"]
+        assert got["sharding"] == {n: t["sharding_type"] for n, t in by_name.items()}
+        assert all(x == x and x < 1e6 for x in got["losses"])  # finite: it trains
