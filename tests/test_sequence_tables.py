@@ -27,6 +27,7 @@ from sparselift.analysis.volumes import dist_bytes
 from sparselift.cli import main
 from sparselift.kernels import FLOAT_BYTES
 from sparselift.optimizer.counts import class_counts
+from sparselift.optimizer.profile_input import plan_in_force
 from sparselift.optimizer.space import RW, TW, TWRW, OptionClass, enumerate_classes
 from sparselift.optimizer.split_options import split_options
 from sparselift.optimizer.table_stats import TableStats
@@ -132,6 +133,36 @@ def test_a_split_of_a_sequence_table_is_refused():
     )
 
 
+def test_the_profiled_plan_keeps_its_sequence_tables():
+    manifest = {
+        "world_size": 2,
+        "local_world_size": 2,
+        "device": "cpu",
+        "pipeline": "TrainPipelineSparseDist",
+        "tables": [
+            {
+                "name": "user",
+                "num_embeddings": 100,
+                "embedding_dim": 8,
+                "feature_names": ["u"],
+                "pooling_type": "SUM",
+            },
+            {
+                "name": "history",
+                "num_embeddings": 200,
+                "embedding_dim": 8,
+                "feature_names": ["h"],
+                "pooling_type": "NONE",
+            },
+        ],
+        "sharding": [t | {"table": t["name"]} for t in _plan().to_dict()["tables"]],
+    }
+    plan = plan_in_force(manifest)
+    assert plan is not None and plan.pipeline == "sparse-dist"
+    assert plan.model == _plan().model  # "history" is a sequence table there too
+    plan.check(TwoCollections(), 2)
+
+
 def _stats(sequence: bool) -> TableStats:
     return TableStats(
         "history",
@@ -205,25 +236,44 @@ def test_analysis_counts_a_sequence_tables_outputs_from_its_ids():
 
 
 # One rank of a user's trainer whose model has an EmbeddingBagCollection and an
-# EmbeddingCollection: `profile OUT` shards it with TorchRec's default plan and profiles a window;
-# `apply PLAN RESULT` shards it by a SparseLift plan, trains and reports how it was sharded.
+# EmbeddingCollection, trained by TorchRec's TrainPipelineSparseDist on 8 batches: `profile OUT`
+# shards it with TorchRec's default plan and profiles a window (`profile_pipeline`; the data ends
+# before the default 10 steady steps); `apply PLAN RESULT` shards it by a SparseLift plan, trains
+# under the plan's pipeline and reports how it was sharded.
 TRAINER = textwrap.dedent("""
     import json, os, sys
+    from dataclasses import dataclass
     import torch, torch.distributed as dist
     from torchrec import (EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection,
                           KeyedJaggedTensor)
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
     from torchrec.modules.embedding_configs import EmbeddingConfig
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.streamable import Pipelineable
     import sparselift.plans
-    from sparselift.profiler import ProfileSession
+    from sparselift.profiler import profile_pipeline
+
+    @dataclass
+    class Batch(Pipelineable):
+        seq: KeyedJaggedTensor
+        bags: KeyedJaggedTensor
+
+        def to(self, device, non_blocking=False):
+            return Batch(self.seq.to(device), self.bags.to(device))
+
+        def record_stream(self, stream):
+            pass
+
+        def pin_memory(self):
+            return self
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    meta = torch.device("meta")
+    meta, cpu = torch.device("meta"), torch.device("cpu")
 
     class Model(torch.nn.Module):
         def __init__(self):
@@ -236,49 +286,47 @@ TRAINER = textwrap.dedent("""
                                    feature_names=["u"]),
                 EmbeddingBagConfig(name="item", embedding_dim=16, num_embeddings=2000,
                                    feature_names=["i"])], device=meta)
-            self.top = torch.nn.Linear(48, 1)
+            self.top = torch.nn.Linear(32, 1)
 
-        def forward(self, seq, bags):
-            rows = self.ec(seq)["h"]
-            history = torch.stack([rows.values()[a:b].sum(0) for a, b in
-                                   zip(rows.offsets()[:-1].tolist(), rows.offsets()[1:].tolist())])
-            return self.top(torch.cat([history, self.ebc(bags).values()], 1)).pow(2).mean()
+        def forward(self, batch):
+            history = self.ec(batch.seq)["h"].values().pow(2).mean()
+            loss = self.top(self.ebc(batch.bags).values()).pow(2).mean() + history
+            return loss, loss.detach()
 
     model = Model()
     for m in (model.ec, model.ebc):
         apply_optimizer_in_backward(torch.optim.SGD, m.parameters(), {"lr": 0.05})
     if sys.argv[1] == "profile":
-        dmp = DistributedModelParallel(model, device=torch.device("cpu"), sharders=[
+        dmp = DistributedModelParallel(model, device=cpu, sharders=[
             EmbeddingCollectionSharder(), EmbeddingBagCollectionSharder()])
+        pipeline_class = TrainPipelineSparseDist
     else:
-        dmp = sparselift.plans.load(sys.argv[2]).apply(model, pg=dist.GroupMember.WORLD,
-                                                      device=torch.device("cpu"))
+        plan = sparselift.plans.load(sys.argv[2])
+        dmp = plan.apply(model, pg=dist.GroupMember.WORLD, device=cpu)
+        pipeline_class = plan.pipeline_class()
     dense = torch.optim.SGD(dmp.module.top.parameters(), lr=0.05)
 
-    def batch(i, b=32):
-        g = torch.Generator().manual_seed(1000 * rank + i)
-        n = torch.randint(1, 8, (b,), generator=g)
-        seq = KeyedJaggedTensor.from_lengths_sync(
-            ["h"], torch.randint(0, 4000, (int(n.sum()),), generator=g), n)
-        m = torch.randint(1, 4, (2 * b,), generator=g)
-        bags = KeyedJaggedTensor.from_lengths_sync(
-            ["u", "i"], torch.randint(0, 2000, (int(m.sum()),), generator=g), m)
-        return seq, bags
+    def batches(n, b=32):
+        for i in range(n):
+            g = torch.Generator().manual_seed(1000 * rank + i)
+            k = torch.randint(1, 8, (b,), generator=g)
+            seq = KeyedJaggedTensor.from_lengths_sync(
+                ["h"], torch.randint(0, 4000, (int(k.sum()),), generator=g), k)
+            m = torch.randint(1, 4, (2 * b,), generator=g)
+            bags = KeyedJaggedTensor.from_lengths_sync(
+                ["u", "i"], torch.randint(0, 2000, (int(m.sum()),), generator=g), m)
+            yield Batch(seq, bags)
 
-    def step(i):
-        loss = dmp(*batch(i))
-        loss.backward()
-        dense.step()
-        dense.zero_grad()
-        return float(loss)
-
+    pipeline = pipeline_class(dmp, dense, cpu)
     if sys.argv[1] == "profile":
-        with ProfileSession(sys.argv[2], model=dmp, warmup=2, steps=2, steady_steps=3) as prof:
-            for i in range(8):
-                step(i)
-                prof.step()
-    else:
-        losses = [step(i) for i in range(4)]
+        pipeline = profile_pipeline(pipeline, sys.argv[2], warmup=2, steps=2)
+    data, losses = batches(8), []
+    while True:
+        try:
+            losses.append(float(pipeline.progress(data)))
+        except StopIteration:
+            break
+    if sys.argv[1] == "apply":
         sharding = {t: ps.sharding_type for mp in dmp.plan.plan.values() for t, ps in mp.items()}
         json.dump(dict(losses=losses, sharding=sharding, paths=sorted(dmp.plan.plan)),
                   open(f"{sys.argv[3]}.{rank}", "w"))
@@ -314,6 +362,12 @@ def test_a_model_with_an_embedding_collection_is_profiled_planned_and_loaded(tmp
     manifest = json.loads((prof / "manifest.json").read_text())
     kinds = {t["name"]: t["pooling_type"] for t in manifest["tables"]}
     assert kinds == {"history": "NONE", "user": "SUM", "item": "SUM"}
+    # the data ended after 4 steady steps: they are kept, though no one called finish()
+    assert manifest["pipeline"] == "TrainPipelineSparseDist" and manifest["profiled_steps"] == [
+        2,
+        3,
+    ]
+    assert len(manifest["steady_step_s"]) == 4
     assert main(["analyze", str(prof)]) == 0
     assert main(["optimize", "--profile", str(prof), "--out", str(plan_path)]) == 0
     written = json.loads(plan_path.read_text())
@@ -338,4 +392,4 @@ def test_a_model_with_an_embedding_collection_is_profiled_planned_and_loaded(tmp
         got = json.loads(Path(f"{result}.{r}").read_text())
         assert got["paths"] == ["ebc", "ec"]
         assert got["sharding"] == {n: t["sharding_type"] for n, t in by_name.items()}
-        assert all(x == x and x < 1e6 for x in got["losses"])  # finite: it trains
+        assert len(got["losses"]) == 8 and all(x == x and x < 1e6 for x in got["losses"])

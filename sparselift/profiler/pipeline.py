@@ -17,10 +17,18 @@ class ProfiledPipeline:
         self.pipeline, self.session, self._step = pipeline, session, 0
 
     def progress(self, dataloader_iter: Any) -> Any:
-        """One training step of the pipeline, between the session's step_begin and step_end."""
+        """One training step of the pipeline, between the session's step_begin and step_end.
+
+        Raises:
+            StopIteration: the pipeline's, when the data has ended (no step ran); the session
+                ends there, keeping the steady steps timed so far, since no later call would.
+        """
         self.session.step_begin(self._step)
         try:
             return self.pipeline.progress(dataloader_iter)
+        except StopIteration:
+            self.session.end_training()
+            raise
         finally:
             self.session.step_end(self._step)
             self._step += 1

@@ -253,8 +253,12 @@ class ProfileSession:
         self.step_begin(self._next)
 
     def __exit__(self, *exc: Any) -> None:
-        """Close the window if it is still open (training ended inside it), or gather the steady
-        steps timed so far."""
+        """`end_training`."""
+        self.end_training()
+
+    def end_training(self) -> None:
+        """Training is over and the step begun last never ran: close the window if it is still
+        open (training ended inside it), or gather the steady steps timed so far."""
         self._t0 = None  # the step begun by the last step() never ran
         self._steady.drop_open_step()
         if not self.done:
