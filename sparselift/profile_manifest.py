@@ -177,3 +177,11 @@ def _check(p: Path, obj: dict[str, Any], shapes: dict[str, tuple[str, Any]], at:
 def _short(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def is_sequence_table(table: Any) -> bool:
+    """Whether a manifest's (or plan's) table entry is an EmbeddingCollection's: the profiler
+    records its `pooling_type` as "NONE"; a plan file marks it `"sequence": true`."""
+    return isinstance(table, dict) and (
+        table.get("pooling_type") == "NONE" or table.get("sequence") is True
+    )

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES, both_ends
+from sparselift.profile_manifest import is_sequence_table
 
 SHARDED = ("table_wise", "column_wise", "row_wise", "table_row_wise")
 GROUPS = sorted(SHARDED)
@@ -50,11 +51,7 @@ def dist_bytes(
         for t in manifest.get("tables") or []
         if isinstance(t, dict) and "name" in t
     }
-    sequence = {
-        t["name"]
-        for t in manifest.get("tables") or []
-        if isinstance(t, dict) and t.get("pooling_type") == "NONE"
-    }
+    sequence = {t["name"] for t in manifest.get("tables") or [] if is_sequence_table(t)}
     gloo = (manifest.get("backend") or "gloo") == "gloo"
     peers = both_ends(manifest.get("device") or "cpu") and gloo
     shards = plan_tables[plan_tables["sharding_type"].isin(SHARDED)]

@@ -14,7 +14,7 @@ from sparselift import plans
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import load_calibration
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
-from sparselift.profile_manifest import read_manifest
+from sparselift.profile_manifest import is_sequence_table, read_manifest
 from sparselift.profiler.hot_ids import HotIds, read_hot_ids
 
 
@@ -109,7 +109,14 @@ def plan_in_force(manifest: dict[str, Any]) -> plans.Plan | None:
         "version": 2 if splits else 1,
         "model": {
             "tables": [
-                {k: t.get(k) for k in ("name", "num_embeddings", "embedding_dim", "feature_names")}
+                {
+                    **{
+                        k: t.get(k)
+                        for k in ("name", "num_embeddings", "embedding_dim", "feature_names")
+                    },
+                    # an EmbeddingCollection's table: the profiler's pooling_type, the plan's flag
+                    **({"sequence": True} if is_sequence_table(t) else {}),
+                }
                 for t in model or tables
             ]
         },

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sparselift.errors import UserError
 from sparselift.kernels import expected_unique, expected_unique_past, zipf_share
+from sparselift.profile_manifest import is_sequence_table
 from sparselift.workloads.spec import WorkloadSpec
 
 
@@ -161,6 +162,6 @@ def _manifest_tables(profile_dir: Path) -> tuple[dict[str, list[str]], set[str]]
                 out[t["name"]] = list(names)
             else:
                 out[t["name"]] = [t["name"]]
-            if t.get("pooling_type") == "NONE" or t.get("sequence") is True:
+            if is_sequence_table(t):
                 sequence.add(t["name"])
     return out, sequence
