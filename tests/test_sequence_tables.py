@@ -32,6 +32,7 @@ from sparselift.optimizer.space import RW, TW, TWRW, OptionClass, enumerate_clas
 from sparselift.optimizer.split_options import split_options
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import preset
+from sparselift.plans.render import show
 from sparselift.plans.to_torchrec import model_tables
 
 
@@ -94,6 +95,7 @@ def test_the_loader_finds_sequence_tables_and_the_plan_file_keeps_them(tmp_path)
     assert set(sp.plan) == {"bags", "seq"} and sp.plan["seq"]["history"].ranks == [1]
     option = next(o for o in again.plan_loader().load().values() if o.name == "history")
     assert option.is_pooled is False
+    assert "  model       2 tables, 1 in an EmbeddingCollection: history\n" in show(again)
 
 
 def test_a_plan_that_takes_a_sequence_table_for_a_pooled_one_is_refused():

@@ -63,6 +63,15 @@ def rank_elements(plan: Plan) -> list[dict[str, int]]:
     return out
 
 
+def _sequence_note(plan: Plan) -> str:
+    """ ", 1 in an EmbeddingCollection: history": the plan's sequence tables, if any."""
+    names = [t.name for t in plan.model if t.sequence]
+    if not names:
+        return ""
+    shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
+    return f", {len(names)} in an EmbeddingCollection: {shown}"
+
+
 def show(plan: Plan) -> str:
     """The plan for people: its topology and choices, then a per-table and a per-rank view."""
     topo = plan.topology
@@ -73,7 +82,9 @@ def show(plan: Plan) -> str:
         f"  pipeline    {plan.pipeline}",
         f"  comm        forward {plan.comm_precision.forward}, "
         f"backward {plan.comm_precision.backward}",
-        f"  model       {len(plan.model)} tables" + (f" in {plan.module}" if plan.module else ""),
+        f"  model       {len(plan.model)} tables"
+        + (f" in {plan.module}" if plan.module else "")
+        + _sequence_note(plan),
         f"  collectives {collectives_line(plan)}",
     ]
     if plan.solver:
