@@ -114,6 +114,23 @@ def test_a_rank_times_each_table_alone_and_the_first_ones_together():
     assert time_transform(tables, [], steps, rank=0) is None
 
 
+def test_weights_that_require_grad_are_timed_like_any_others():
+    # a feature processor ahead of a collection (e.g. position weights) hands its input_dist
+    # weights that require grad; the data path's transform never sees such weights
+    tables = _tables(2)
+    kjt = _kjt(tables, 16, [2, 3])
+    weighted = KeyedJaggedTensor(
+        keys=kjt.keys(),
+        values=kjt.values(),
+        lengths=kjt.lengths(),
+        weights=torch.rand(kjt.values().numel(), requires_grad=True),
+        stride=16,
+    )
+    steps = [table_step(t, 0, 0, weighted) for t in tables]
+    got = time_transform(tables, [Capture(0, "sparse.ebc", weighted)], steps, rank=0, repeats=1)
+    assert got is not None and [s["tables"] for s in got.samples] == [["t0"], ["t1"], ["t0", "t1"]]
+
+
 def test_the_record_pools_the_ranks_samples_and_fits_them():
     tables = _tables(4)
     kjt = _kjt(tables, 32, [1, 2, 8, 3])

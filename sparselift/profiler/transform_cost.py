@@ -73,6 +73,7 @@ class _Job:
     hot: dict[str, tuple[int, ...]]
 
 
+@torch.no_grad()  # a feature processor's weights require grad; the data path's ids have none
 def time_transform(
     tables: list[TableMeta],
     captures: list[Capture],
