@@ -262,7 +262,8 @@ def split_options(
     hottest: dict[str, Sequence[int]] | None = None,
 ) -> dict[str, list[SplitOption]]:
     """Every split offered for each table (tables with none are left out; an EmbeddingCollection's
-    table has none: the split model stands in for EmbeddingBagCollections only).
+    or a FeatureProcessedEmbeddingBagCollection's table has none: the split model stands in for
+    plain EmbeddingBagCollections only).
 
     Args:
         stats: the model's tables.
@@ -280,7 +281,7 @@ def split_options(
         return {}
     out: dict[str, list[SplitOption]] = {}
     for t in stats:
-        if t.sequence:
+        if t.sequence or t.feature_processed:
             continue
         opts: list[SplitOption] = []
         if hot and t.name in hot:

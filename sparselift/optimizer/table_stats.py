@@ -32,6 +32,7 @@ class TableStats:
     top10pct_share: float | None = None
     feature_names: tuple[str, ...] = ()
     sequence: bool = False  # an EmbeddingCollection's table: one output row per id, unpooled
+    feature_processed: bool = False  # a FeatureProcessedEmbeddingBagCollection's: never split
     # a virtual table of a split (`split_options`): the model table it is a part of, the share
     # of that table's split features whose batch-transform calls this part is charged, and the
     # share of its own pooled width the recombined output holds (summed parts: 1/parts)
@@ -110,7 +111,7 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
         raise UserError(
             f"{path}: missing columns {', '.join(missing)}" if missing else f"{path}: no rows"
         )
-    features, sequence = _manifest_tables(Path(profile_dir))
+    features, sequence, processed = _manifest_tables(Path(profile_dir))
     out = []
     order = list(dict.fromkeys(df["table"]))
     for name in order:
@@ -132,21 +133,23 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
                 top10pct_share=col("top10pct_share"),
                 feature_names=tuple(features.get(str(name), (str(name),))),
                 sequence=str(name) in sequence,
+                feature_processed=str(name) in processed,
             )
         )
     return out, int(df["batch_size"].median())
 
 
-def _manifest_tables(profile_dir: Path) -> tuple[dict[str, list[str]], set[str]]:
+def _manifest_tables(profile_dir: Path) -> tuple[dict[str, list[str]], set[str], set[str]]:
     """Feature names per table from manifest.json where it lists the model's tables (a list of
-    names; anything else, or a manifest that cannot be read, gives the table's own name), and
-    the tables it records as unpooled (`pooling_type` "NONE": an EmbeddingCollection's)."""
+    names; anything else, or a manifest that cannot be read, gives the table's own name), the
+    tables it records as unpooled (`pooling_type` "NONE": an EmbeddingCollection's) and those it
+    records as feature-processed."""
     try:
         m = json.loads((profile_dir / "manifest.json").read_text())
     except (OSError, ValueError):
-        return {}, set()
+        return {}, set(), set()
     if not isinstance(m, dict):
-        return {}, set()
+        return {}, set(), set()
     model, workload = m.get("model"), m.get("workload")  # a manifest's workload is its name
     tables = (
         (model.get("tables") if isinstance(model, dict) else None)
@@ -154,7 +157,7 @@ def _manifest_tables(profile_dir: Path) -> tuple[dict[str, list[str]], set[str]]
         or (workload.get("tables") if isinstance(workload, dict) else None)
         or []
     )
-    out, sequence = {}, set()
+    out, sequence, processed = {}, set(), set()
     for t in tables if isinstance(tables, list) else []:
         if isinstance(t, dict) and isinstance(t.get("name"), str):
             names = t.get("feature_names")
@@ -164,4 +167,6 @@ def _manifest_tables(profile_dir: Path) -> tuple[dict[str, list[str]], set[str]]
                 out[t["name"]] = [t["name"]]
             if is_sequence_table(t):
                 sequence.add(t["name"])
-    return out, sequence
+            if t.get("feature_processed") is True:
+                processed.add(t["name"])
+    return out, sequence, processed

@@ -192,10 +192,21 @@ def rewrite_problems(plan: Any, model: nn.Module) -> list[str]:
     data-parallel part is replicated with its table's fused row-wise Adagrad, so the table must
     train with one (`replicated.rowwise_adagrad_args`).
     """
+    from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+
     from sparselift.plans.replicated import rowwise_adagrad_args
 
     problems = []
     by_table = {s.table: s for s in plan.splits}
+    for path, m in model.named_modules():
+        if isinstance(m, FeatureProcessedEmbeddingBagCollection):
+            problems += [
+                f"table {c.name!r} is feature-processed ({path!r} is a "
+                "FeatureProcessedEmbeddingBagCollection): its feature processors read the "
+                "model's features, so it cannot be split"
+                for c in m._embedding_bag_collection.embedding_bag_configs()
+                if c.name in by_table
+            ]
     dp = {t.name for t in plan.tables if t.sharding_type == "data_parallel"}
     for _, ebc in _collections(model):
         for c in ebc.embedding_bag_configs():

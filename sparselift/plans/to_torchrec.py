@@ -1,8 +1,9 @@
 """A plan → TorchRec objects: ShardingPlan, sharders with qcomm codecs, pipeline, DMP, PlanLoader.
 
-Module paths are found by walking the model for its EmbeddingBagCollections and
-EmbeddingCollections, never hard-coded: DLRM keeps its tables at
-`model.sparse_arch.embedding_bag_collection`, other models elsewhere.
+Module paths are found by walking the model for its EmbeddingBagCollections,
+EmbeddingCollections and FeatureProcessedEmbeddingBagCollections (whose tables TorchRec's sharder
+for them shards at that module, its feature processors with them), never hard-coded: DLRM keeps
+its tables at `model.sparse_arch.embedding_bag_collection`, other models elsewhere.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ from torchrec.distributed.types import (
     ShardMetadata,
 )
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
 from sparselift.plans.checkpoint import INNER
 from sparselift.plans.errors import PlanError
 from sparselift.plans.types import CommPrecision, TableFingerprint, TablePlan
+
+# a FeatureProcessedEmbeddingBagCollection's own EmbeddingBagCollection (TorchRec's attribute)
+FP_INNER = "_embedding_bag_collection"
 
 if TYPE_CHECKING:  # `Plan` calls into this module on first use; importing it would close a circle
     from sparselift.plans.plan import Plan
@@ -41,33 +46,45 @@ class ModelTable(NamedTuple):
 
 
 def model_tables(model: nn.Module) -> list[ModelTable]:
-    """Every table of every EmbeddingBagCollection and EmbeddingCollection in `model`, in module
-    then table order.
+    """Every table of every EmbeddingBagCollection, EmbeddingCollection and
+    FeatureProcessedEmbeddingBagCollection in `model` (at that module, not at its own
+    EmbeddingBagCollection), in module then table order.
 
     In a split model these are the tables as sharded: a stand-in's inner collection of virtual
     tables (`original_tables` gives the tables it stands for).
     """
-    return [ModelTable(path, table) for path, m in model.named_modules() for table in _tables_of(m)]
+    return _walk(model, stand_ins=False)
 
 
 def original_tables(model: nn.Module) -> list[ModelTable]:
     """The model's own tables: as `model_tables`, but a split model's stand-ins (VirtualTables)
     count as the collections they replaced, with their original tables."""
+    return _walk(model, stand_ins=True)
+
+
+def _walk(model: nn.Module, stand_ins: bool) -> list[ModelTable]:
     from sparselift.plans.rewrite import VirtualTables
 
     out = []
-    inner: set[str] = set()
+    inner: set[str] = set()  # collections that belong to a module listed already
     for path, m in model.named_modules():
-        if isinstance(m, VirtualTables):
+        if path in inner:
+            continue
+        if stand_ins and isinstance(m, VirtualTables):
             out += [ModelTable(path, _fingerprint(c)) for c in m.embedding_bag_configs()]
             inner.add(f"{path}.{INNER}" if path else INNER)
-        elif path not in inner:
-            out += [ModelTable(path, table) for table in _tables_of(m)]
+            continue
+        out += [ModelTable(path, table) for table in _tables_of(m)]
+        if isinstance(m, FeatureProcessedEmbeddingBagCollection):
+            inner.add(f"{path}.{FP_INNER}" if path else FP_INNER)
     return out
 
 
 def _tables_of(m: nn.Module) -> list[TableFingerprint]:
-    """The tables of `m` if it is an EmbeddingBagCollection or an EmbeddingCollection."""
+    """The tables of `m` if it is an EmbeddingBagCollection, an EmbeddingCollection or a
+    FeatureProcessedEmbeddingBagCollection."""
+    if isinstance(m, FeatureProcessedEmbeddingBagCollection):
+        m = getattr(m, FP_INNER)
     if isinstance(m, EmbeddingBagCollection):
         return [_fingerprint(c) for c in m.embedding_bag_configs()]
     if isinstance(m, EmbeddingCollection):
@@ -165,16 +182,23 @@ def sharders(plan: Plan, device: torch.device | None = None) -> list[Any]:
 
 
 def default_sharders() -> list[Any]:
-    """TorchRec's EmbeddingBagCollection and EmbeddingCollection sharders, as it makes them."""
+    """TorchRec's EmbeddingBagCollection, EmbeddingCollection and
+    FeatureProcessedEmbeddingBagCollection sharders, as it makes them."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
 
-    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+    return [
+        EmbeddingBagCollectionSharder(),
+        EmbeddingCollectionSharder(),
+        FeatureProcessedEmbeddingBagCollectionSharder(),
+    ]
 
 
 def precision_sharders(cp: CommPrecision, device: torch.device) -> list[Any]:
-    """The EmbeddingBagCollection sharder (first) and the EmbeddingCollection sharder whose
-    qcomm codecs run the collectives at `cp`."""
+    """The EmbeddingBagCollection sharder (first), the EmbeddingCollection sharder and the
+    FeatureProcessedEmbeddingBagCollection sharder whose qcomm codecs run the collectives at
+    `cp`."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.fbgemm_qcomm_codec import (
@@ -182,6 +206,7 @@ def precision_sharders(cp: CommPrecision, device: torch.device) -> list[Any]:
         QCommsConfig,
         get_qcomm_codecs_registry,
     )
+    from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
 
     registry = get_qcomm_codecs_registry(
         QCommsConfig(
@@ -192,6 +217,9 @@ def precision_sharders(cp: CommPrecision, device: torch.device) -> list[Any]:
     return [
         EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry),
         EmbeddingCollectionSharder(qcomm_codecs_registry=registry),
+        FeatureProcessedEmbeddingBagCollectionSharder(
+            EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
+        ),
     ]
 
 

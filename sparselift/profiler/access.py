@@ -32,6 +32,9 @@ class TableMeta:
     features: tuple[str, ...]
     pooling_type: str  # SUM / MEAN for bags, NONE for sequence embeddings
     module: str  # path of the sharded module inside the model
+    # a FeatureProcessedEmbeddingBagCollection's table: its feature processors (e.g. position
+    # weights) read the model's own features, so no split can rename them
+    feature_processed: bool = False
 
 
 @dataclass
@@ -81,8 +84,23 @@ def clean_path(path: str) -> str:
     return path
 
 
-def table_metas(modules: list[tuple[str, nn.Module]]) -> list[TableMeta]:
-    """Every table the sharded `modules` declare, in module then table order."""
+def feature_processed_paths(model: nn.Module) -> set[str]:
+    """The paths (as `clean_path` writes them) of the collections that sharded
+    FeatureProcessedEmbeddingBagCollections hold."""
+    from torchrec.distributed.fp_embeddingbag import ShardedFeatureProcessedEmbeddingBagCollection
+
+    return {
+        clean_path(f"{path}._embedding_bag_collection" if path else "_embedding_bag_collection")
+        for path, m in model.named_modules()
+        if isinstance(m, ShardedFeatureProcessedEmbeddingBagCollection)
+    }
+
+
+def table_metas(
+    modules: list[tuple[str, nn.Module]], processed: set[str] | None = None
+) -> list[TableMeta]:
+    """Every table the sharded `modules` declare, in module then table order (those at a path
+    in `processed`, `feature_processed_paths`, marked feature-processed)."""
     metas = []
     for path, m in modules:
         for c in _configs(m) or []:
@@ -95,6 +113,7 @@ def table_metas(modules: list[tuple[str, nn.Module]]) -> list[TableMeta]:
                     features=tuple(c.feature_names),
                     pooling_type=getattr(pooling, "name", "NONE"),
                     module=clean_path(path),
+                    feature_processed=clean_path(path) in (processed or set()),
                 )
             )
     return metas

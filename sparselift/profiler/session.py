@@ -39,7 +39,12 @@ import torch
 from torch import nn
 
 from sparselift.errors import UserError
-from sparselift.profiler.access import AccessRecorder, find_sharded_modules, table_metas
+from sparselift.profiler.access import (
+    AccessRecorder,
+    feature_processed_paths,
+    find_sharded_modules,
+    table_metas,
+)
 from sparselift.profiler.access_stats import access_rows, rank_table_steps, table_histograms
 from sparselift.profiler.collect import collect_traces
 from sparselift.profiler.gather import gather_to_rank0
@@ -135,7 +140,7 @@ class ProfileSession:
         import torch.distributed as dist
 
         self.modules = find_sharded_modules(model)
-        self.tables = table_metas(self.modules)
+        self.tables = table_metas(self.modules, feature_processed_paths(model))
         self.sharding = sharding_of(model)
         self.comm_precision = comm_precision_of([m for _, m in self.modules])
         self.out_dir = Path(out_dir)

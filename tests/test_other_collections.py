@@ -1,9 +1,12 @@
-"""Models with an EmbeddingCollection (sequence tables, unpooled): found, priced, planned, loaded.
+"""Models with TorchRec collections other than the EmbeddingBagCollection: found, priced,
+planned and loaded.
 
-An EmbeddingCollection's table returns one row per id, not one per sample, and TorchRec shards it
-only table-, column-, row-wise or data-parallel: the plan file says which tables are sequence
-tables, the loader shards them with the EmbeddingCollection sharder, and the optimizer prices
-their output collectives by their ids.
+An EmbeddingCollection's table (a sequence table) returns one row per id, not one per sample,
+and TorchRec shards it only table-, column-, row-wise or data-parallel: the plan file says which
+tables are sequence tables, the loader shards them with the EmbeddingCollection sharder, and the
+optimizer prices their output collectives by their ids. A FeatureProcessedEmbeddingBagCollection
+(e.g. position-weighted features) is sharded where TorchRec's sharder for it puts it, and its
+tables are never split: its feature processors read the model's own features.
 """
 
 from __future__ import annotations
@@ -14,13 +17,17 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection
+from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
 from torchrec.modules.embedding_configs import EmbeddingConfig
+from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
+from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
 from sparselift import plans
 from sparselift.analysis.volumes import dist_bytes
@@ -37,11 +44,25 @@ from sparselift.plans.to_torchrec import model_tables
 
 
 class TwoCollections(torch.nn.Module):
-    """A pooled table and a sequence table, each in its own collection."""
+    """A pooled table and a sequence table, each in its own collection (and, `weighted`, a
+    position-weighted table in a FeatureProcessedEmbeddingBagCollection)."""
 
-    def __init__(self, device: str = "meta") -> None:
+    def __init__(self, device: str = "meta", weighted: bool = False) -> None:
         super().__init__()
         dev = torch.device(device)
+        if weighted:
+            bags = EmbeddingBagCollection(
+                tables=[
+                    EmbeddingBagConfig(
+                        name="pos", embedding_dim=8, num_embeddings=50, feature_names=["p"]
+                    )
+                ],
+                is_weighted=True,
+                device=dev,
+            )
+            self.fp = FeatureProcessedEmbeddingBagCollection(
+                bags, PositionWeightedModuleCollection({"p": 4}, device=dev)
+            )
         self.bags = EmbeddingBagCollection(
             tables=[
                 EmbeddingBagConfig(
@@ -96,6 +117,52 @@ def test_the_loader_finds_sequence_tables_and_the_plan_file_keeps_them(tmp_path)
     option = next(o for o in again.plan_loader().load().values() if o.name == "history")
     assert option.is_pooled is False
     assert "  model       2 tables, 1 in an EmbeddingCollection: history\n" in show(again)
+
+
+def _weighted_plan(splits: bool) -> plans.Plan:
+    plan = _plan()
+    pos = plans.TableFingerprint("pos", 50, 8, ("p",))
+    tables = [plans.TablePlan("pos", "table_wise", "fused", [0], [plans.Shard(0, (0, 0), (50, 8))])]
+    if splits:
+        tables = [
+            plans.TablePlan(
+                f"pos{i}", "table_wise", "fused", [i], [plans.Shard(i, (0, 0), (25, 8))]
+            )
+            for i in range(2)
+        ]
+    return dataclasses.replace(
+        plan,
+        model=[pos, *plan.model],
+        tables=tables + plan.tables,
+        splits=[plans.Split("pos", "row_ranges", ("pos0", "pos1"), ranges=((0, 25), (25, 50)))]
+        if splits
+        else [],
+    )
+
+
+def test_a_feature_processed_collection_is_sharded_whole_and_never_split():
+    model = TwoCollections(weighted=True)
+    assert [(t.path, t.table.name) for t in model_tables(model)] == [
+        ("fp", "pos"),
+        ("bags", "user"),
+        ("seq", "history"),
+    ]  # at the FeatureProcessedEmbeddingBagCollection, not at its own collection
+    plan = _weighted_plan(splits=False)
+    assert set(plan.sharding_plan(model).plan) == {"fp", "bags", "seq"}
+    assert any(
+        isinstance(s, FeatureProcessedEmbeddingBagCollectionSharder) for s in plan.sharders()
+    )
+    split = _weighted_plan(splits=True)
+    group = types.SimpleNamespace(size=lambda: 2)  # refused before anything is built
+    with pytest.raises(plans.PlanError) as e:
+        split.apply(model, pg=group, device=torch.device("cpu"))
+    assert e.value.problems == [
+        "table 'pos' is feature-processed ('fp' is a FeatureProcessedEmbeddingBagCollection): "
+        "its feature processors read the model's features, so it cannot be split"
+    ]
+    stats = TableStats("pos", 50_000, 8, 4.0, feature_processed=True, feature_names=("p",))
+    assert split_options([stats], 4) == {}
+    assert "pos" in split_options([dataclasses.replace(stats, feature_processed=False)], 4)
 
 
 def test_a_plan_that_takes_a_sequence_table_for_a_pooled_one_is_refused():
@@ -251,8 +318,12 @@ TRAINER = textwrap.dedent("""
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.fp_embeddingbag import (
+        FeatureProcessedEmbeddingBagCollectionSharder)
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
     from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
+    from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.streamable import Pipelineable
     import sparselift.plans
@@ -262,9 +333,10 @@ TRAINER = textwrap.dedent("""
     class Batch(Pipelineable):
         seq: KeyedJaggedTensor
         bags: KeyedJaggedTensor
+        pos: KeyedJaggedTensor
 
         def to(self, device, non_blocking=False):
-            return Batch(self.seq.to(device), self.bags.to(device))
+            return Batch(self.seq.to(device), self.bags.to(device), self.pos.to(device))
 
         def record_stream(self, stream):
             pass
@@ -288,19 +360,25 @@ TRAINER = textwrap.dedent("""
                                    feature_names=["u"]),
                 EmbeddingBagConfig(name="item", embedding_dim=16, num_embeddings=2000,
                                    feature_names=["i"])], device=meta)
-            self.top = torch.nn.Linear(32, 1)
+            self.fp = FeatureProcessedEmbeddingBagCollection(EmbeddingBagCollection(tables=[
+                EmbeddingBagConfig(name="position", embedding_dim=16, num_embeddings=1000,
+                                   feature_names=["p"])], is_weighted=True, device=meta),
+                PositionWeightedModuleCollection({"p": 8}, device=meta))
+            self.top = torch.nn.Linear(48, 1)
 
         def forward(self, batch):
             history = self.ec(batch.seq)["h"].values().pow(2).mean()
-            loss = self.top(self.ebc(batch.bags).values()).pow(2).mean() + history
+            pooled = torch.cat([self.ebc(batch.bags).values(), self.fp(batch.pos).values()], 1)
+            loss = self.top(pooled).pow(2).mean() + history
             return loss, loss.detach()
 
     model = Model()
-    for m in (model.ec, model.ebc):
+    for m in (model.ec, model.ebc, model.fp._embedding_bag_collection):
         apply_optimizer_in_backward(torch.optim.SGD, m.parameters(), {"lr": 0.05})
     if sys.argv[1] == "profile":
         dmp = DistributedModelParallel(model, device=cpu, sharders=[
-            EmbeddingCollectionSharder(), EmbeddingBagCollectionSharder()])
+            EmbeddingCollectionSharder(), EmbeddingBagCollectionSharder(),
+            FeatureProcessedEmbeddingBagCollectionSharder()])
         pipeline_class = TrainPipelineSparseDist
     else:
         plan = sparselift.plans.load(sys.argv[2])
@@ -317,7 +395,10 @@ TRAINER = textwrap.dedent("""
             m = torch.randint(1, 4, (2 * b,), generator=g)
             bags = KeyedJaggedTensor.from_lengths_sync(
                 ["u", "i"], torch.randint(0, 2000, (int(m.sum()),), generator=g), m)
-            yield Batch(seq, bags)
+            k = torch.randint(1, 8, (b,), generator=g)
+            pos = KeyedJaggedTensor.from_lengths_sync(
+                ["p"], torch.randint(0, 1000, (int(k.sum()),), generator=g), k)
+            yield Batch(seq, bags, pos)
 
     pipeline = pipeline_class(dmp, dense, cpu)
     if sys.argv[1] == "profile":
@@ -362,8 +443,14 @@ def test_a_model_with_an_embedding_collection_is_profiled_planned_and_loaded(tmp
     prof, plan_path = tmp_path / "prof", tmp_path / "plan.json"
     _torchrun(script, "profile", str(prof))
     manifest = json.loads((prof / "manifest.json").read_text())
-    kinds = {t["name"]: t["pooling_type"] for t in manifest["tables"]}
-    assert kinds == {"history": "NONE", "user": "SUM", "item": "SUM"}
+    kinds = {t["name"]: (t["pooling_type"], t["feature_processed"]) for t in manifest["tables"]}
+    assert kinds == {
+        "history": ("NONE", False),
+        "user": ("SUM", False),
+        "item": ("SUM", False),
+        "position": ("SUM", True),
+    }
+    assert manifest["errors"] == []
     # the data ended after 4 steady steps: they are kept, though no one called finish()
     assert manifest["pipeline"] == "TrainPipelineSparseDist" and manifest["profiled_steps"] == [
         2,
@@ -377,6 +464,7 @@ def test_a_model_with_an_embedding_collection_is_profiled_planned_and_loaded(tmp
         "history": True,
         "user": False,
         "item": False,
+        "position": False,
     }
     # TorchRec's planner planned the EmbeddingCollection too (no "not in the plan" refusal),
     # and the plan keeps to what an EmbeddingCollection can run
@@ -392,6 +480,6 @@ def test_a_model_with_an_embedding_collection_is_profiled_planned_and_loaded(tmp
     _torchrun(script, "apply", str(plan_path), str(result))
     for r in range(2):
         got = json.loads(Path(f"{result}.{r}").read_text())
-        assert got["paths"] == ["ebc", "ec"]
+        assert got["paths"] == ["ebc", "ec", "fp"]  # TorchRec's sharder for each collection
         assert got["sharding"] == {n: t["sharding_type"] for n, t in by_name.items()}
         assert len(got["losses"]) == 8 and all(x == x and x < 1e6 for x in got["losses"])
