@@ -342,7 +342,7 @@ def test_torchrec_referee_prices_a_plans_comm_precision(monkeypatch):
         plans, "torchrec_plan", lambda *a, **kw: given.append(a[3]) or real(*a, **kw)
     )
     replanned = torchrec_baseline_plan(stats, topo, 512, comm_precision=half.comm_precision)
-    sharder, _sequence_sharder = given[0]
+    sharder, *_others = given[0]  # the EmbeddingBagCollection sharder first
     codecs = sharder.qcomm_codecs_registry[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name]
     sizes = [
         torch.tensor([], dtype=c.quantized_dtype).element_size()

@@ -82,13 +82,15 @@ def test_module_path_is_found_by_walking_the_model():
 
 
 def test_sharders_carry_qcomm_codecs_and_pipeline_class():
-    plain, plain_seq = round_robin(2).sharders()
+    plain, plain_seq, plain_fp = round_robin(2).sharders()
     assert isinstance(plain, EmbeddingBagCollectionSharder) and plain.qcomm_codecs_registry is None
     assert isinstance(plain_seq, EmbeddingCollectionSharder)
     assert plain_seq.qcomm_codecs_registry is None
-    quant, quant_seq = mixed("fp16").sharders()
+    quant, quant_seq, quant_fp = mixed("fp16").sharders()
     registry = quant.qcomm_codecs_registry
     assert registry and "pooled_embeddings_all_to_all" in {str(k).lower() for k in registry}
+    assert quant_fp._ebc_sharder.qcomm_codecs_registry == registry  # the same codecs
+    assert plain_fp._ebc_sharder.qcomm_codecs_registry is None
     seq_registry = quant_seq.qcomm_codecs_registry  # the sequence all-to-all at the same precision
     assert seq_registry and "sequence_embeddings_all_to_all" in {
         str(k).lower() for k in seq_registry
