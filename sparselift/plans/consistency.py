@@ -277,6 +277,11 @@ def fit_problems(plan: Plan, tables: list[TableFingerprint], world_size: int) ->
         )
     planned = {t.name: t for t in plan.model}
     actual = {t.name: t for t in tables}
+    if planned and actual and planned.keys().isdisjoint(actual):
+        return problems + [
+            f"the plan is for another model: none of its {len(planned)} tables "
+            f"({_some(planned)}) is in the model, whose {len(actual)} tables are {_some(actual)}"
+        ]
     problems += [
         f"table {n!r} is in the model but not in the plan" for n in actual if n not in planned
     ]
@@ -313,3 +318,9 @@ def fit_problems(plan: Plan, tables: list[TableFingerprint], world_size: int) ->
                 f"{list(p.feature_names)} in the plan"
             )
     return problems
+
+
+def _some(names: dict[str, object], shown: int = 4) -> str:
+    """The first `shown` of `names`, quoted, and "…" if there are more."""
+    first = ", ".join(repr(n) for n in list(names)[:shown])
+    return first if len(names) <= shown else f"{first}, …"
