@@ -7,6 +7,7 @@ table.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from sparselift.plans.splits import sharded_tables, split_fit_problems, split_problems
@@ -320,7 +321,7 @@ def fit_problems(plan: Plan, tables: list[TableFingerprint], world_size: int) ->
     return problems
 
 
-def _some(names: dict[str, object], shown: int = 4) -> str:
+def _some(names: Collection[str], shown: int = 4) -> str:
     """The first `shown` of `names`, quoted, and "…" if there are more."""
     first = ", ".join(repr(n) for n in list(names)[:shown])
     return first if len(names) <= shown else f"{first}, …"
