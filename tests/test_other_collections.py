@@ -30,6 +30,7 @@ from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
 from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
 from sparselift import plans
+from sparselift.analysis.samples import lookup_context, lookup_parts
 from sparselift.analysis.volumes import dist_bytes
 from sparselift.cli import main
 from sparselift.kernels import FLOAT_BYTES
@@ -483,3 +484,38 @@ def test_a_model_with_an_embedding_collection_is_profiled_planned_and_loaded(tmp
         assert got["paths"] == ["ebc", "ec", "fp"]  # TorchRec's sharder for each collection
         assert got["sharding"] == {n: t["sharding_type"] for n, t in by_name.items()}
         assert len(got["losses"]) == 8 and all(x == x and x < 1e6 for x in got["losses"])
+
+
+def test_a_sequence_tables_lookup_writes_a_row_per_id():
+    access = pd.DataFrame(
+        {
+            "table": ["history"] * 2,
+            "rank": [0, 1],
+            "step": [3, 3],
+            "ids": [500, 300],
+            "num_embeddings": [200, 200],
+            "embedding_dim": [8, 8],
+            "zipf_alpha": [0.0, 0.0],
+            "batch_size": [64, 64],
+        }
+    )
+    shards = pd.DataFrame(
+        [
+            {
+                "table": "history",
+                "module": "seq",
+                "sharding_type": "table_wise",
+                "rank": 1,
+                "rows": 200,
+                "cols": 8,
+            }
+        ]
+    )
+    node = pd.DataFrame(
+        [{"kind": "lookup_fwd", "rank": 1, "ids": 800, "x": 6400, "tables": "history"}]
+    )
+    pooled = lookup_parts(node, lookup_context(access, shards), world_size=2)
+    seq = lookup_parts(node, lookup_context(access, shards, frozenset({"history"})), 2)
+    assert pooled["bag_elems"].tolist() == [2 * 64 * 8]  # every rank's bags
+    assert seq["bag_elems"].tolist() == [800 * 8]  # every id's row
+    assert seq["unique"].tolist() == pooled["unique"].tolist()

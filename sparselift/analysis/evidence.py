@@ -40,6 +40,7 @@ from sparselift.analysis.samples import (
 from sparselift.analysis.transform_fit import TransformSample, samples_of
 from sparselift.analysis.volumes import dist_bytes
 from sparselift.errors import UserError
+from sparselift.profile_manifest import is_sequence_table
 
 PLAN_TABLE_COLUMNS = ["table", "module", "sharding_type", "rank", "rows", "cols"]
 MIN_STEADY_STEPS = 3  # steps timed after the window for their median to stand for the steady step
@@ -124,8 +125,11 @@ def evidence_context(
 ) -> RankEvidenceContext:
     """The `RankEvidenceContext` of a profile's manifest, access statistics and plan."""
     tables = plan_tables if plan_tables is not None else pd.DataFrame(columns=PLAN_TABLE_COLUMNS)
+    sequence = frozenset(t["name"] for t in manifest.get("tables") or [] if is_sequence_table(t))
     return RankEvidenceContext(
-        int(manifest["world_size"]), manifest.get("device") or "cpu", lookup_context(access, tables)
+        int(manifest["world_size"]),
+        manifest.get("device") or "cpu",
+        lookup_context(access, tables, sequence),
     )
 
 

@@ -73,16 +73,21 @@ class LookupContext:
         ids_per_table: table → the ranks' ids_per_rank added up.
         meta: table → (num_embeddings, embedding_dim, zipf_alpha, batch_size), as recorded.
         shard: (table, rank) → (sharding_type, rows, cols) of the rank's shards of the table.
+        sequence: the sequence tables (an EmbeddingCollection's: one output row per id).
     """
 
     ids_per_rank: dict[tuple[Any, Any], float]
     ids_per_table: dict[Any, float]
     meta: dict[Any, tuple[Any, Any, Any, Any]]
     shard: dict[tuple[Any, Any], tuple[Any, Any, Any]]
+    sequence: frozenset[str] = frozenset()
 
 
-def lookup_context(access: pd.DataFrame | None, plan_tables: pd.DataFrame) -> LookupContext | None:
-    """The `LookupContext` of a profile's access statistics and plan; None without statistics."""
+def lookup_context(
+    access: pd.DataFrame | None, plan_tables: pd.DataFrame, sequence: frozenset[str] = frozenset()
+) -> LookupContext | None:
+    """The `LookupContext` of a profile's access statistics and plan (and its `sequence`
+    tables); None without statistics."""
     if access is None or access.empty:
         return None
     ids_per_rank = access.groupby(["table", "rank"])["ids"].mean()
@@ -100,37 +105,27 @@ def lookup_context(access: pd.DataFrame | None, plan_tables: pd.DataFrame) -> Lo
         shard={
             k: tuple(v) for k, v in zip(shard.index, shard.itertuples(index=False), strict=True)
         },
+        sequence=sequence,
     )
 
 
-def lookup_parts_per_node(
-    nodes: pd.DataFrame,
-    access: pd.DataFrame | None,
-    plan_tables: pd.DataFrame,
-    world_size: int,
-) -> pd.DataFrame:
-    """What each lookup node's work is made of: ids, distinct rows, pooled elements, row width.
+def lookup_parts(nodes: pd.DataFrame, ctx: LookupContext | None, world_size: int) -> pd.DataFrame:
+    """What each lookup node's work is made of: ids, distinct rows, output elements, row width.
 
     The trace gives each node's ids; the distinct rows its tables' shards touch are expected from
     the profiled ids per table and their fitted Zipf skew (a trace does not say how many ids were
-    distinct), and its pooled outputs from the batch (every rank's; a data-parallel table's own).
-    Kept apart, not summed into work units, so that a joint calibration can refit the unit's
-    weights (`kernels.LookupUnit`).
+    distinct), and its outputs from the batch (every rank's bags; a data-parallel table's own),
+    or for a sequence table from its ids (one row each). Kept apart, not summed into work units,
+    so that a joint calibration can refit the unit's weights (`kernels.LookupUnit`). A node's
+    parts depend on its own rank and tables only, so each rank's are made on its own.
 
     Args:
         nodes: lookup nodes (`kind`, `rank`, `ids`, `x`, `tables` columns).
-        access: the profile's access statistics; None or empty: ids and width alone.
-        plan_tables: the plan in force, one row per shard (`profile.plan_tables`).
+        ctx: the profile's `lookup_context`; None: ids and width alone.
         world_size: ranks profiled.
     Returns:
         LOOKUP_PARTS columns, indexed like the lookup nodes of `nodes`.
     """
-    return lookup_parts(nodes, lookup_context(access, plan_tables), world_size)
-
-
-def lookup_parts(nodes: pd.DataFrame, ctx: LookupContext | None, world_size: int) -> pd.DataFrame:
-    """`lookup_parts_per_node` from the statistics' `LookupContext` (None: ids and width alone);
-    a node's parts depend on its own rank and tables only, so each rank's are made on its own."""
     look = nodes[nodes["kind"].isin(LOOKUPS)]
     ids_col, x_col = look["ids"].fillna(0).astype(float), look["x"].fillna(0).astype(float)
     dims = x_col / ids_col.clip(lower=1)
@@ -147,14 +142,16 @@ def lookup_parts(nodes: pd.DataFrame, ctx: LookupContext | None, world_size: int
             num, dim, zipf, batch = ctx.meta[t]
             n, alpha = int(num), float(zipf or 0.0)
             st, rows, cols = ctx.shard.get((t, rank), ("table_wise", n, dim))
-            bags = float(batch) * (1 if st == "data_parallel" else world_size)
-            bag_elems += bags * float(cols)
             if st == "data_parallel":
-                unique += expected_unique(n, alpha, float(ctx.ids_per_rank.get((t, rank), 0.0)))
+                ids = float(ctx.ids_per_rank.get((t, rank), 0.0))
+                bags = float(batch)
+                unique += expected_unique(n, alpha, ids)
             else:
-                unique += expected_unique(n, alpha, float(ctx.ids_per_table.get(t, 0.0))) * min(
-                    1.0, float(rows) / n
-                )
+                share = min(1.0, float(rows) / n)
+                ids = float(ctx.ids_per_table.get(t, 0.0)) * share
+                bags = float(batch) * world_size
+                unique += expected_unique(n, alpha, float(ctx.ids_per_table.get(t, 0.0))) * share
+            bag_elems += (ids if t in ctx.sequence else bags) * float(cols)
         rows_out.append((unique, bag_elems))
     parts = pd.DataFrame(rows_out, columns=["unique", "bag_elems"], index=look.index, dtype=float)
     parts.insert(0, "ids", ids_col)
@@ -168,7 +165,7 @@ def lookup_work_of(
     """Work units (`sparselift.kernels.lookup_work`) of lookup calls from their parts.
 
     Args:
-        parts: LOOKUP_PARTS columns (`lookup_parts_per_node`), or call samples' (without `dim`,
+        parts: LOOKUP_PARTS columns (`lookup_parts`), or call samples' (without `dim`,
             which the CPU unit does not read).
         kinds: each row's kind ("lookup_fwd" / "lookup_bwd"), indexed like `parts`.
         device: "cpu" or "cuda" (the unit differs).
