@@ -31,6 +31,8 @@ def _tables() -> list[TableStats]:
         *stats,
         TableStats("multi", 3_000_000, 64, 0.9, feature_names=("m1", "m2", "m3")),
         TableStats("tiny", 5, 32, 0.3, feature_names=("tiny",)),
+        # an EmbeddingCollection's: its output buffers hold a row per id
+        TableStats("seq", 2_000_000, 64, 12.0, feature_names=("s",), sequence=True),
     ]
 
 

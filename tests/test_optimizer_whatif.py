@@ -59,6 +59,8 @@ def test_prices_are_torchrecs_estimate_of_the_plan_file(world, precision):
     # per-shard prices is TorchRec's estimator run on the plan file
     topo, batch = preset("h100x8", world), 1024
     stats = synthetic_stats(10, seed=world, max_rows=40_000_000)
+    # two of them an EmbeddingCollection's (TorchRec estimates its unpooled outputs)
+    stats[1:3] = [dataclasses.replace(s, sequence=True) for s in stats[1:3]]
     rng = random.Random(world)
     prices = TorchRecPrices(stats, topo, batch, precision)
     wide = PlanWide(precision.forward, precision.backward)

@@ -49,7 +49,8 @@ def tr_topology(topo: Topology) -> Any:
 def embedding_model(stats: list[TableStats]) -> Any:
     """The tables on the meta device (shapes only): an EmbeddingBagCollection, or where some
     are sequence tables a module holding an EmbeddingBagCollection (`ebc`, the pooled ones) and
-    an EmbeddingCollection (`ec`), as TorchRec's planner sees such a model."""
+    an EmbeddingCollection per embedding dim (`ec_<dim>`: TorchRec's holds tables of one dim),
+    as TorchRec's planner sees such a model."""
     from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
@@ -63,13 +64,14 @@ def embedding_model(stats: list[TableStats]) -> Any:
 
     meta = torch.device("meta")
     pooled = [config(EmbeddingBagConfig, s) for s in stats if not s.sequence]
-    sequence = [config(EmbeddingConfig, s) for s in stats if s.sequence]
-    if not sequence:
+    if len(pooled) == len(stats):
         return EmbeddingBagCollection(tables=pooled, device=meta)
     model = torch.nn.Module()
     if pooled:
         model.ebc = EmbeddingBagCollection(tables=pooled, device=meta)
-    model.ec = EmbeddingCollection(tables=sequence, device=meta)
+    for dim in sorted({s.embedding_dim for s in stats if s.sequence}):
+        same = [config(EmbeddingConfig, s) for s in stats if s.sequence and s.embedding_dim == dim]
+        model.add_module(f"ec_{dim}", EmbeddingCollection(tables=same, device=meta))
     return model
 
 

@@ -63,10 +63,13 @@ def _pooling_factors(t: TableStats) -> list[float]:
 
 
 def _batch_inputs_outputs(t: TableStats, batch_size: int) -> tuple[float, float]:
-    """(ids, pooled outputs) of one rank's batch for table `t`, summed over its features, in the
-    order `_calculate_*_shard_io_sizes` sums them (num_poolings 1.0, pooled)."""
+    """(ids, output rows) of one rank's batch for table `t`, summed over its features, in the
+    order `_calculate_*_shard_io_sizes` sums them (num_poolings 1.0; a sequence table's outputs
+    are its ids, unpooled)."""
     pfs = _pooling_factors(t)
     inputs = sum([x * 1.0 * batch_size for x in pfs])
+    if t.sequence:
+        return inputs, inputs
     outputs = sum([min(1.0, x) * 1.0 * batch_size for x in pfs])
     return inputs, outputs
 
@@ -105,6 +108,8 @@ def _io_sizes(
         inputs = inputs / W
     elif c.sharding_type == TWRW:
         inputs = inputs / L
+    if t.sequence:  # a row per id the shard receives
+        outputs = inputs
     return (
         math.ceil(inputs * W * ID_DTYPE_BYTES),
         math.ceil(outputs * W * cols * OUTPUT_DTYPE_BYTES),
