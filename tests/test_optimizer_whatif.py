@@ -108,6 +108,27 @@ def test_what_if_plans_are_never_worse_than_torchrecs_by_its_own_estimator(seed)
     assert lines and "SparseLift's model" in lines[-1] and "TorchRec's estimator" in lines[-1]
 
 
+@pytest.mark.parametrize("seed", [4, 5])
+def test_what_if_plans_with_sequence_tables_hold_under_torchrecs_estimator(seed):
+    # a third of the tables an EmbeddingCollection's, on two hosts: no table-row-wise for them
+    w = whatif_corpus(seed + 1, 20, 30)[seed]
+    stats = [dataclasses.replace(s, sequence=i % 3 == 0) for i, s in enumerate(w.stats)]
+    topo = preset("h100x8", 16)
+    base = torchrec_best_plan(stats, topo, w.batch_size, 5)
+    res = optimize(
+        Inputs(stats, topo, w.batch_size, coefficients(topo)), time_limit_s=3, baseline=base
+    )
+    assert {t.name for t in res.plan.model if t.sequence} == {s.name for s in stats if s.sequence}
+    seq = {s.name for s in stats if s.sequence}
+    assert all(t.sharding_type != "table_row_wise" for t in res.plan.tables if t.name in seq)
+    assert all(t.sharding_type != "table_row_wise" for t in base.tables if t.name in seq)
+    plans.Plan.from_dict(res.plan.to_dict())  # a plan the loader accepts
+    same = dataclasses.replace(base, comm_precision=res.plan.comm_precision)
+    ours, theirs = torchrec_cost([res.plan, same], stats, topo, w.batch_size)
+    assert ours.rate_ms <= theirs.rate_ms * (1 + 1e-9)
+    assert storage_verdicts([res.plan], stats, topo, w.batch_size)[0].fits
+
+
 def _free_data_parallel(topo):
     """Preset coefficients (all assumed) that price data-parallel as nearly free: its allreduce
     hidden behind backward, no whole-table optimizer pass. TorchRec's estimator still charges the
