@@ -129,6 +129,28 @@ def read_manifest(d: str | Path) -> dict[str, Any]:
     return m
 
 
+def check_unique_tables(d: str | Path, m: dict[str, Any]) -> None:
+    """Refuse to analyze or plan from a profile of a model whose collections share a table name
+    (`read_manifest`'s manifest `m` of `d`): statistics and plans are kept per table name, so
+    two tables would be read as one. (Its step times still compare.)
+
+    Raises:
+        UserError: naming the table and its collections.
+    """
+    p = Path(d) / MANIFEST
+    modules: dict[str, list[str]] = {}
+    for t in m.get("tables") or []:
+        if isinstance(t, dict) and isinstance(t.get("name"), str):
+            modules.setdefault(t["name"], []).append(repr(t.get("module")))
+    for name, where in modules.items():
+        if len(where) > 1:
+            raise UserError(
+                f"{p}: table {name!r} is in {len(where)} collections of the model "
+                f"({', '.join(where)}): SparseLift keeps statistics and plans per table name, "
+                "so rename all but one and profile again"
+            )
+
+
 def shared_cores(dirs: list[str] | list[Path]) -> str | None:
     """A warning, in one line, where the ranks of CPU profiles `dirs` outnumbered their host's
     cores; None where each rank had a core of its own (or no manifest says).

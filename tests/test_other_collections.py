@@ -33,6 +33,7 @@ from sparselift import plans
 from sparselift.analysis.samples import lookup_context, lookup_parts
 from sparselift.analysis.volumes import dist_bytes
 from sparselift.cli import main
+from sparselift.errors import UserError
 from sparselift.kernels import FLOAT_BYTES
 from sparselift.optimizer.counts import class_counts
 from sparselift.optimizer.profile_input import plan_in_force
@@ -42,6 +43,8 @@ from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import preset
 from sparselift.plans.render import show
 from sparselift.plans.to_torchrec import model_tables
+from sparselift.profile_manifest import check_unique_tables
+from sparselift.profiler.access import TableMeta, warn_duplicate_tables
 
 
 class TwoCollections(torch.nn.Module):
@@ -519,3 +522,39 @@ def test_a_sequence_tables_lookup_writes_a_row_per_id():
     assert pooled["bag_elems"].tolist() == [2 * 64 * 8]  # every rank's bags
     assert seq["bag_elems"].tolist() == [800 * 8]  # every id's row
     assert seq["unique"].tolist() == pooled["unique"].tolist()
+
+
+def test_a_table_name_two_collections_share_is_refused_by_name_and_collection(tmp_path):
+    model = TwoCollections()
+    model.more = EmbeddingCollection(
+        tables=[
+            EmbeddingConfig(name="user", embedding_dim=8, num_embeddings=10, feature_names=["x"])
+        ],
+        device=torch.device("meta"),
+    )
+    problem = (
+        "table 'user' is in 2 collections of the model ('bags', 'more'): a plan names its "
+        "tables, so rename all but one"
+    )
+    with pytest.raises(plans.PlanError) as e:
+        _plan().check(model, 2)
+    assert e.value.problems == [problem]
+    with pytest.raises(plans.PlanError) as e:
+        _plan().sharding_plan(model)
+    assert e.value.problems == [problem]
+    # the profiler warns and writes; analysis and planning refuse such a profile by name
+    metas = [
+        TableMeta("user", 100, 8, ("u",), "SUM", "bags"),
+        TableMeta("user", 10, 8, ("x",), "NONE", "more"),
+    ]
+    with pytest.warns(RuntimeWarning, match=r"table 'user' is in 2 collections \('bags', 'more'\)"):
+        warn_duplicate_tables(metas)
+    manifest = {"tables": [{"name": m.name, "module": m.module} for m in metas]}
+    with pytest.raises(UserError) as e:
+        check_unique_tables(tmp_path, manifest)
+    assert str(e.value) == (
+        f"{tmp_path / 'manifest.json'}: table 'user' is in 2 collections of the model ('bags', "
+        "'more'): SparseLift keeps statistics and plans per table name, so rename all but one "
+        "and profile again"
+    )
+    check_unique_tables(tmp_path, {"tables": manifest["tables"][:1]})

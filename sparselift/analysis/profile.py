@@ -20,7 +20,10 @@ from sparselift.analysis.pool import ParseStats, R, rss_mib, run_per_rank, worke
 from sparselift.analysis.reconstruct import rank_nodes
 from sparselift.analysis.trace import Trace, load_trace
 from sparselift.errors import UserError
-from sparselift.profile_manifest import read_manifest  # also imported from here by its callers
+from sparselift.profile_manifest import (  # read_manifest also imported from here by callers
+    check_unique_tables,
+    read_manifest,
+)
 
 
 @dataclass
@@ -189,6 +192,7 @@ def open_profile(
     if not d.is_dir():
         raise UserError(f"{d}: not a directory")
     m = read_manifest(d)
+    check_unique_tables(d, m)
     world = m["world_size"]
     gone = missing_ranks(d, m)
     if gone and not allow_missing_ranks:

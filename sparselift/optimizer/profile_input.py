@@ -14,7 +14,7 @@ from sparselift import plans
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import load_calibration
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
-from sparselift.profile_manifest import is_sequence_table, read_manifest
+from sparselift.profile_manifest import check_unique_tables, is_sequence_table, read_manifest
 from sparselift.profiler.hot_ids import HotIds, read_hot_ids
 
 
@@ -62,6 +62,7 @@ def read_profile(profile_dir: str | Path, *, need_calibration: bool) -> ProfileI
         )
     calibration = load_calibration(cal) if cal.is_file() else None
     manifest = read_manifest(profile_dir)
+    check_unique_tables(profile_dir, manifest)
     stats, batch = stats_from_profile(profile_dir)
     virtual = [s.name for s in stats if _virtual(s)]
     if virtual:

@@ -149,15 +149,19 @@ class Plan:
             raise PlanError(self.source, problems)
 
     def check(self, model: Any, world_size: int) -> None:
-        """`check_spec` against the EmbeddingBagCollections found in the unsharded `model` (a
-        split model's stand-ins count as the collections they replaced).
+        """`check_spec` against the collections found in the unsharded `model` (a split model's
+        stand-ins count as the collections they replaced).
 
         Raises:
-            PlanError: as `check_spec`.
+            PlanError: as `check_spec`, or a table name that two collections of `model` use.
         """
-        from sparselift.plans.to_torchrec import original_tables
+        from sparselift.plans.to_torchrec import duplicate_problems, original_tables
 
-        self.check_spec([found.table for found in original_tables(model)], world_size)
+        found = original_tables(model)
+        duplicates = duplicate_problems(found)
+        if duplicates:
+            raise PlanError(self.source, duplicates)
+        self.check_spec([t.table for t in found], world_size)
 
     # ------------------------------------------------------------------------------- TorchRec
 

@@ -80,6 +80,20 @@ def _walk(model: nn.Module, stand_ins: bool) -> list[ModelTable]:
     return out
 
 
+def duplicate_problems(found: list[ModelTable]) -> list[str]:
+    """One problem per table name that more than one of the model's collections use: a plan
+    names its tables, so each name must be one table (TorchRec allows one per module)."""
+    paths: dict[str, list[str]] = {}
+    for t in found:
+        paths.setdefault(t.table.name, []).append(repr(t.path))
+    return [
+        f"table {name!r} is in {len(p)} collections of the model ({', '.join(p)}): a plan names "
+        "its tables, so rename all but one"
+        for name, p in paths.items()
+        if len(p) > 1
+    ]
+
+
 def _tables_of(m: nn.Module) -> list[TableFingerprint]:
     """The tables of `m` if it is an EmbeddingBagCollection, an EmbeddingCollection or a
     FeatureProcessedEmbeddingBagCollection."""
@@ -111,7 +125,11 @@ def _table_paths(plan: Plan, model: nn.Module | None) -> dict[str, str]:
         base = plan.module or ""
         inner = f"{base}.{INNER}" if base else INNER
         return {t.name: inner if t.name in split else base for t in plan.sharded_tables()}
-    paths = {found.table.name: found.path for found in model_tables(model)}
+    found = model_tables(model)
+    duplicates = duplicate_problems(found)
+    if duplicates:
+        raise PlanError(plan.source, duplicates)
+    paths = {t.table.name: t.path for t in found}
     missing = [t.name for t in plan.tables if t.name not in paths]
     if missing:
         hint = (

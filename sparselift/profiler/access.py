@@ -10,6 +10,7 @@ references are kept while training; statistics are computed after the window
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,23 @@ def table_metas(
                 )
             )
     return metas
+
+
+def warn_duplicate_tables(metas: list[TableMeta]) -> None:
+    """Warn (once per name) of a table name that several collections use: the profile is still
+    written, but analysis and planning keep statistics per table name and will refuse it."""
+    modules: dict[str, list[str]] = {}
+    for m in metas:
+        modules.setdefault(m.name, []).append(repr(m.module))
+    for name, where in modules.items():
+        if len(where) > 1:
+            warnings.warn(
+                f"sparselift profiler: table {name!r} is in {len(where)} collections "
+                f"({', '.join(where)}); the profile is written, but `sparselift analyze` and "
+                "`optimize` will refuse it: rename all but one",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 def _find_kjt(args: tuple, kwargs: dict) -> Any:

@@ -44,6 +44,7 @@ from sparselift.profiler.access import (
     feature_processed_paths,
     find_sharded_modules,
     table_metas,
+    warn_duplicate_tables,
 )
 from sparselift.profiler.access_stats import access_rows, rank_table_steps, table_histograms
 from sparselift.profiler.collect import collect_traces
@@ -141,6 +142,7 @@ class ProfileSession:
 
         self.modules = find_sharded_modules(model)
         self.tables = table_metas(self.modules, feature_processed_paths(model))
+        warn_duplicate_tables(self.tables)
         self.sharding = sharding_of(model)
         self.comm_precision = comm_precision_of([m for _, m in self.modules])
         self.out_dir = Path(out_dir)
