@@ -12,6 +12,7 @@ tables are never split: its feature processors read the model's own features.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 import subprocess
@@ -462,6 +463,23 @@ def test_a_model_with_an_embedding_collection_is_profiled_planned_and_loaded(tmp
     ]
     assert len(manifest["steady_step_s"]) == 4
     assert main(["analyze", str(prof)]) == 0
+    # the EmbeddingCollection's backward (FBGEMM's "nobag" kernel, outside any tagged range) is
+    # its lookup's backward, each step's kernel inside that step's node
+    trace = json.loads(gzip.open(prof / "rank0.trace.json.gz").read())
+    kernel_s = sorted(
+        e["dur"] * 1e-6
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X"
+        and e["name"].startswith("fbgemm::split_embedding_nobag_backward")
+        and e["name"].endswith("_cpu")  # the kernel, not its wrapper
+    )
+    nodes = pd.read_parquet(prof / "nodes.parquet")
+    ec_bwd = nodes[
+        (nodes["rank"] == 0) & (nodes["kind"] == "lookup_bwd") & (nodes["module"] == "ec")
+    ]
+    node_s = sorted(ec_bwd.groupby("step")["dur_s"].sum())
+    assert len(kernel_s) == len(node_s) == 2
+    assert all(n >= k for n, k in zip(node_s, kernel_s, strict=True)), (node_s, kernel_s)
     assert main(["optimize", "--profile", str(prof), "--out", str(plan_path)]) == 0
     written = json.loads(plan_path.read_text())
     assert {t["name"]: t.get("sequence", False) for t in written["model"]["tables"]} == {

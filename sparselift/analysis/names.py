@@ -54,7 +54,8 @@ _STAGE_RULES: list[tuple[str, re.Pattern]] = [
     (
         "lookup",
         re.compile(
-            r"SplitLookupFunction|split_embedding_(backward_)?codegen|split_embedding\w*lookup"
+            r"Split(NoBag)?LookupFunction|split_embedding_(nobag_)?(backward_)?codegen"
+            r"|split_embedding\w*lookup"
             r"|fbgemm::(dense|split)_embedding|TBE|IntNBitTableBatched",
             re.I,
         ),

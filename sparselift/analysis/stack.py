@@ -96,7 +96,7 @@ def annotate_stack(main: pd.DataFrame) -> pd.DataFrame:
         if tagged is not None and mod is None:
             mod, sh = tagged
         if ph == "fwd" and st is not None and seq is not pd.NA and seq is not None:
-            fwd_ctx.setdefault(int(seq), (st, mod, sh))
+            fwd_ctx[int(seq)] = (st, mod, sh)  # the last: the op that made the node
         stage.append(st)
         phase.append(ph)
         module.append(mod)
