@@ -31,6 +31,7 @@ from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
 from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
 from sparselift import plans
+from sparselift.analysis.reconstruct import attach_tables
 from sparselift.analysis.samples import lookup_context, lookup_parts
 from sparselift.analysis.volumes import dist_bytes
 from sparselift.cli import main
@@ -576,3 +577,61 @@ def test_a_table_name_two_collections_share_is_refused_by_name_and_collection(tm
         "and profile again"
     )
     check_unique_tables(tmp_path, {"tables": manifest["tables"][:1]})
+
+
+def test_each_collections_lookup_is_given_its_own_tables():
+    # rank 0 holds one table of `seq` and none of `bags`; both modules' lookups run there
+    shards = pd.DataFrame(
+        [
+            {
+                "table": "history",
+                "module": "seq",
+                "sharding_type": "table_wise",
+                "rank": 0,
+                "rows": 200,
+                "cols": 8,
+            },
+            {
+                "table": "user",
+                "module": "bags",
+                "sharding_type": "table_wise",
+                "rank": 1,
+                "rows": 100,
+                "cols": 8,
+            },
+        ]
+    )
+    nodes = pd.DataFrame(
+        [
+            {
+                "stage": "lookup",
+                "sharding": "table_wise",
+                "rank": 0,
+                "module": "seq",
+                "ids": 50,
+                "kind": "lookup_fwd",
+                "bytes": 0,
+            },
+            {
+                "stage": "lookup",
+                "sharding": "table_wise",
+                "rank": 0,
+                "module": "bags",
+                "ids": 0,
+                "kind": "lookup_fwd",
+                "bytes": 0,
+            },
+            {
+                "stage": "lookup",
+                "sharding": "table_wise",
+                "rank": 0,
+                "module": "*",
+                "ids": 50,
+                "kind": "lookup_fwd",
+                "bytes": 0,
+            },
+        ]
+    )
+    got = attach_tables(nodes, shards)
+    # a module the plan does not name ("*") keeps every table of its rank and type
+    assert got["tables"].tolist() == ["history", "", "history"]

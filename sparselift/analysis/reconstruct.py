@@ -275,6 +275,8 @@ def build_graph(
 def attach_tables(nodes: pd.DataFrame, plan_tables: pd.DataFrame | None) -> pd.DataFrame:
     """Set each sparse node's `tables` (from the plan) and cost driver `x`, in place.
 
+    A lookup node's tables are its rank's shards of its sharding type in its own module (where
+    the plan names that module: one module's lookup does not look up another's tables).
     x: lookups ids · mean shard width (the fit replaces it with work units), distributions and
     data-parallel allreduces the collective's bytes. Returns `nodes`.
     """
@@ -282,21 +284,27 @@ def attach_tables(nodes: pd.DataFrame, plan_tables: pd.DataFrame | None) -> pd.D
     nodes["x"] = 0.0
     if plan_tables is None or plan_tables.empty:
         return nodes
-    # one plan lookup per (sharding, rank) a node can ask for, not one per node
-    per_key: dict[tuple[Any, Any], tuple[str, float | None]] = {}
+    planned_modules = set(plan_tables["module"].dropna()) if "module" in plan_tables else set()
+    # one plan lookup per (sharding, rank, module) a node can ask for, not one per node
+    per_key: dict[tuple[Any, Any, Any], tuple[str, float | None]] = {}
     tables, xs = nodes["tables"].tolist(), nodes["x"].tolist()
-    cols = zip(nodes["stage"], nodes["sharding"], nodes["rank"], nodes["ids"], strict=True)
-    for i, (stage, sharding, rank, ids) in enumerate(cols):
+    cols = zip(
+        nodes["stage"], nodes["sharding"], nodes["rank"], nodes["module"], nodes["ids"], strict=True
+    )
+    for i, (stage, sharding, rank, module, ids) in enumerate(cols):
         if stage not in names.SPARSE_STAGES:
             continue
         by_type = sharding if isinstance(sharding, str) and sharding != "*" else None
-        key = (by_type, rank if stage == "lookup" else None)
+        own = module if stage == "lookup" and module in planned_modules else None
+        key = (by_type, rank if stage == "lookup" else None, own)
         if key not in per_key:
             pt = plan_tables
             if by_type is not None:
                 pt = pt[pt["sharding_type"] == by_type]
             if stage == "lookup":
                 pt = pt[pt["rank"] == rank]
+            if own is not None:
+                pt = pt[pt["module"] == own]
             per_key[key] = (
                 ",".join(sorted(pt["table"].unique())),
                 float(pt["cols"].mean()) if len(pt) else None,
