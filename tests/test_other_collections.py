@@ -24,7 +24,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection
+from torchrec import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    KeyedJaggedTensor,
+)
 from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
 from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
@@ -635,3 +640,52 @@ def test_each_collections_lookup_is_given_its_own_tables():
     got = attach_tables(nodes, shards)
     # a module the plan does not name ("*") keeps every table of its rank and type
     assert got["tables"].tolist() == ["history", "", "history"]
+
+
+def _towers() -> torch.nn.Module:
+    """Two towers, each its own collection fed its own batch; `u` of the user tower is split."""
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.user = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(name="u", embedding_dim=8, num_embeddings=40, feature_names=["uf"])
+        ],
+    )
+    model.item = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(name="i", embedding_dim=8, num_embeddings=30, feature_names=["if"])
+        ],
+    )
+    return model
+
+
+def test_a_split_in_one_tower_transforms_that_towers_batch_alone():
+    split = plans.Split("u", "row_ranges", ("u__rows0", "u__rows1"), ranges=((0, 25), (25, 40)))
+    plan = plans.Plan(
+        model=[
+            plans.TableFingerprint("u", 40, 8, ("uf",)),
+            plans.TableFingerprint("i", 30, 8, ("if",)),
+        ],
+        topology=plans.PlanTopology(world_size=2, local_world_size=2, device="cpu"),
+        tables=[
+            plans.TablePlan(
+                "u__rows0", "table_wise", "fused", [0], [plans.Shard(0, (0, 0), (25, 8))]
+            ),
+            plans.TablePlan(
+                "u__rows1", "table_wise", "fused", [1], [plans.Shard(1, (0, 0), (15, 8))]
+            ),
+            plans.TablePlan("i", "table_wise", "fused", [1], [plans.Shard(1, (0, 0), (30, 8))]),
+        ],
+        splits=[split],
+    )
+    plan = plans.Plan.from_dict(plan.to_dict())
+    user = KeyedJaggedTensor.from_lengths_sync(
+        ["uf"], torch.tensor([3, 39, 24, 25, 0]), torch.tensor([2, 1, 2])
+    )
+    with pytest.raises(plans.PlanError, match="the batch lacks feature 'if'"):
+        plan.transform_batch(user)  # before the model is seen: every table's feature
+    reference = _towers()
+    want = reference.user(user).values()
+    model = plan.rewrite(_towers())
+    got = model.user(plan.transform_batch(user)).values()  # the item tower's batch is its own
+    assert torch.equal(got, want)  # the split tower pools the same rows

@@ -216,12 +216,16 @@ class Plan:
         return rewrite(self, model)
 
     def batch_transform(self) -> Any:
-        """The batch transform of this plan (`transform.BatchTransform`), made once."""
+        """The batch transform of this plan (`transform.BatchTransform`), made once: of the
+        tables of the collections that hold split tables, once `rewrite` (or `apply`) has seen
+        the model (a batch of another collection need not carry them), else of every table."""
         transform = self.__dict__.get("_transform")
         if transform is None:
             from sparselift.plans.transform import BatchTransform
 
-            transform = BatchTransform(self.model, self.splits, self.source)
+            mine = self.__dict__.get("_transform_tables")
+            model = [t for t in self.model if mine is None or t.name in mine]
+            transform = BatchTransform(model, self.splits, self.source)
             self.__dict__["_transform"] = transform
         return transform
 

@@ -252,6 +252,15 @@ def rewrite(plan: Any, model: nn.Module) -> nn.Module:
     if problems:
         raise PlanError(plan.source, problems)
     by_table = {s.table: s for s in plan.splits}
+    split_collections = [
+        names
+        for _, ebc in _collections(model)
+        if (names := {c.name for c in ebc.embedding_bag_configs()}) & set(by_table)
+    ]
+    # the batch transform then requires only these collections' features: a model's other
+    # collections may be fed batches of their own (`Plan.batch_transform`)
+    plan.__dict__["_transform_tables"] = frozenset().union(*split_collections)
+    plan.__dict__.pop("_transform", None)
     for path, ebc in _collections(model):
         names = {c.name for c in ebc.embedding_bag_configs()}
         if not names & set(by_table):
