@@ -222,9 +222,8 @@ def _sparselift_counts(
             ddr=ddr,
             **work(B * p, unique(W * B * p) / W, d, B * p if t.sequence else W * B),
         )
-        if (
-            not gpu and not t.sequence
-        ):  # gloo has no reduce-scatter: a ring all-reduce of the whole W·B·d output
+        # gloo has no reduce-scatter: a ring all-reduce of the whole W·B·d pooled output
+        if not gpu and not t.sequence:
             own = replace(
                 own,
                 out_fwd_intra=2.0 * (W - 1) / W * W * out if topo.num_hosts == 1 else 0.0,

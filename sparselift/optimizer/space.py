@@ -4,8 +4,8 @@ An `OptionClass` is a table's sharding type, compute kernel, cache size and shar
 the ranks; a `Choice` adds where its shards go. Classes are enumerated only where TorchRec can run
 them on that device (no UVM caching on CPU; table-row-wise only with several hosts and never for
 an EmbeddingCollection's table; column shards that FBGEMM can run: a multiple of 4 columns, at
-least 16) and dominated classes are pruned with a
-stated reason, which keeps the CP-SAT model small:
+least 16) and dominated classes are pruned with a stated reason, which keeps the CP-SAT model
+small:
 - the dense kernel only for data-parallel: TorchRec's sharder offers model-parallel tables only
   fused kernels and `sparselift.plans` refuses anything else, so a dense table-wise plan could not
   load (the cost model still prices the dense kernel's whole-table optimizer pass for DP);

@@ -154,8 +154,8 @@ def torchrec_plan(
         model: the unsharded model (tables on `meta` are fine).
         topology: the ranks; its device (or preset) picks TorchRec's device kind and memory.
         batch_size: samples per rank.
-        sharders: TorchRec sharders (default: the plain EmbeddingBagCollection and
-            EmbeddingCollection sharders).
+        sharders: TorchRec sharders (default: TorchRec's own, one per kind of collection:
+            `to_torchrec.default_sharders`).
         tr_topology: a TorchRec Topology with memory and bandwidths, instead of one built from
             `topology`.
         constraints: TorchRec ParameterConstraints per table.

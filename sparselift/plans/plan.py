@@ -176,7 +176,8 @@ class Plan:
         return sharding_plan(self, model)
 
     def sharders(self) -> list[Any]:
-        """The EmbeddingBagCollection sharder, with qcomm codecs for `comm_precision`."""
+        """TorchRec's sharder of each kind of collection (EmbeddingBagCollection first), with
+        qcomm codecs for `comm_precision`."""
         from sparselift.plans.to_torchrec import sharders
 
         return sharders(self)

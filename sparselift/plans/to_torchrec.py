@@ -194,8 +194,8 @@ def sharding_plan(
 
 
 def sharders(plan: Plan, device: torch.device | None = None) -> list[Any]:
-    """The EmbeddingBagCollection and EmbeddingCollection sharders, with qcomm codecs when a
-    collective is not fp32."""
+    """TorchRec's sharder of each kind of collection (`precision_sharders`), with qcomm codecs
+    when a collective is not fp32."""
     return precision_sharders(plan.comm_precision, device or torch.device(plan.topology.device))
 
 
