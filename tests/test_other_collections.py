@@ -282,9 +282,20 @@ def test_the_optimizer_offers_a_sequence_table_only_what_torchrec_can_run():
     assert "bag" in offered and "history" not in offered  # the same table pooled has splits
 
 
-def test_analysis_counts_a_sequence_tables_outputs_from_its_ids():
+def _history_on_rank1() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Access statistics and plan of one table, `history`, table-wise on rank 1: 500 and 300
+    ids from ranks 0 and 1 in step 3."""
     access = pd.DataFrame(
-        {"table": ["history"] * 2, "rank": [0, 1], "step": [3, 3], "ids": [500, 300]}
+        {
+            "table": ["history"] * 2,
+            "rank": [0, 1],
+            "step": [3, 3],
+            "ids": [500, 300],
+            "num_embeddings": [200, 200],
+            "embedding_dim": [8, 8],
+            "zipf_alpha": [0.0, 0.0],
+            "batch_size": [64, 64],
+        }
     )
     shards = pd.DataFrame(
         [
@@ -298,6 +309,11 @@ def test_analysis_counts_a_sequence_tables_outputs_from_its_ids():
             }
         ]
     )
+    return access, shards
+
+
+def test_analysis_counts_a_sequence_tables_outputs_from_its_ids():
+    access, shards = _history_on_rank1()
     manifest = {
         "world_size": 2,
         "batch_size": 64,
@@ -514,30 +530,7 @@ def test_a_model_with_an_embedding_collection_is_profiled_planned_and_loaded(tmp
 
 
 def test_a_sequence_tables_lookup_writes_a_row_per_id():
-    access = pd.DataFrame(
-        {
-            "table": ["history"] * 2,
-            "rank": [0, 1],
-            "step": [3, 3],
-            "ids": [500, 300],
-            "num_embeddings": [200, 200],
-            "embedding_dim": [8, 8],
-            "zipf_alpha": [0.0, 0.0],
-            "batch_size": [64, 64],
-        }
-    )
-    shards = pd.DataFrame(
-        [
-            {
-                "table": "history",
-                "module": "seq",
-                "sharding_type": "table_wise",
-                "rank": 1,
-                "rows": 200,
-                "cols": 8,
-            }
-        ]
-    )
+    access, shards = _history_on_rank1()
     node = pd.DataFrame(
         [{"kind": "lookup_fwd", "rank": 1, "ids": 800, "x": 6400, "tables": "history"}]
     )
