@@ -334,8 +334,8 @@ def test_analysis_counts_a_sequence_tables_outputs_from_its_ids():
 # One rank of a user's trainer whose model has an EmbeddingBagCollection and an
 # EmbeddingCollection, trained by TorchRec's TrainPipelineSparseDist on 8 batches: `profile OUT`
 # shards it with TorchRec's default plan and profiles a window (`profile_pipeline`; the data ends
-# before the default 10 steady steps); `apply PLAN RESULT` shards it by a SparseLift plan, trains
-# under the plan's pipeline and reports how it was sharded.
+# before the default 10 steady steps); `apply PLAN RESULT [OUT]` shards it by a SparseLift plan,
+# trains under the plan's pipeline (and profiles it into OUT) and reports how it was sharded.
 TRAINER = textwrap.dedent("""
     import json, os, sys
     from dataclasses import dataclass
@@ -402,6 +402,7 @@ TRAINER = textwrap.dedent("""
     model = Model()
     for m in (model.ec, model.ebc, model.fp._embedding_bag_collection):
         apply_optimizer_in_backward(torch.optim.SGD, m.parameters(), {"lr": 0.05})
+    plan = None
     if sys.argv[1] == "profile":
         dmp = DistributedModelParallel(model, device=cpu, sharders=[
             EmbeddingCollectionSharder(), EmbeddingBagCollectionSharder(),
@@ -425,11 +426,15 @@ TRAINER = textwrap.dedent("""
             k = torch.randint(1, 8, (b,), generator=g)
             pos = KeyedJaggedTensor.from_lengths_sync(
                 ["p"], torch.randint(0, 1000, (int(k.sum()),), generator=g), k)
+            if plan is not None and plan.splits:  # the split tables' collection's batch
+                bags = plan.transform_batch(bags)
             yield Batch(seq, bags, pos)
 
     pipeline = pipeline_class(dmp, dense, cpu)
     if sys.argv[1] == "profile":
         pipeline = profile_pipeline(pipeline, sys.argv[2], warmup=2, steps=2)
+    elif len(sys.argv) > 4:  # profiled under the plan it loaded
+        pipeline = profile_pipeline(pipeline, sys.argv[4], warmup=2, steps=2, plan=plan)
     data, losses = batches(8), []
     while True:
         try:
@@ -521,12 +526,51 @@ def test_a_model_with_an_embedding_collection_is_profiled_planned_and_loaded(tmp
         "row_wise",
     )
     result = tmp_path / "result"
-    _torchrun(script, "apply", str(plan_path), str(result))
+    # applied under the base pipeline and profiled there, to be calibrated with the split below
+    base_path, prof_plain = tmp_path / "plan_base.json", tmp_path / "prof_plain"
+    base_path.write_text(json.dumps(dict(written, pipeline="base")))
+    _torchrun(script, "apply", str(base_path), str(result), str(prof_plain))
     for r in range(2):
         got = json.loads(Path(f"{result}.{r}").read_text())
         assert got["paths"] == ["ebc", "ec", "fp"]  # TorchRec's sharder for each collection
         assert got["sharding"] == {n: t["sharding_type"] for n, t in by_name.items()}
         assert len(got["losses"]) == 8 and all(x == x and x < 1e6 for x in got["losses"])
+    # the same model under a plan that splits `user` in two row ranges, profiled in the
+    # trainer: the profile records the plan, so it is of the same job as the first one
+    split = dict(
+        written,
+        version=2,
+        pipeline="base",
+        splits=[
+            {
+                "table": "user",
+                "kind": "row_ranges",
+                "parts": ["user__rows0", "user__rows1"],
+                "row_ranges": [[0, 1500], [1500, 3000]],
+            }
+        ],
+    )
+    split["tables"] = [t for t in written["tables"] if t["name"] != "user"] + [
+        {
+            "name": f"user__rows{r}",
+            "sharding_type": "table_wise",
+            "compute_kernel": "fused",
+            "ranks": [r],
+            "shards": [{"rank": r, "offsets": [0, 0], "sizes": [1500, 16]}],
+            "cache_load_factor": None,
+        }
+        for r in range(2)
+    ]
+    split_path, prof_split = tmp_path / "split.json", tmp_path / "prof_split"
+    split_path.write_text(json.dumps(split))
+    _torchrun(script, "apply", str(split_path), str(result), str(prof_split))
+    recorded = json.loads((prof_split / "manifest.json").read_text())
+    assert [t["name"] for t in recorded["model_tables"]] == [
+        t["name"] for t in written["model"]["tables"]
+    ]
+    assert recorded["splits"] == split["splits"] and recorded["errors"] == []
+    assert main(["analyze", str(prof_plain), str(prof_split)]) == 0
+    assert "calibrated on 2 profiles together" in capsys.readouterr().out
 
 
 def test_a_sequence_tables_lookup_writes_a_row_per_id():

@@ -50,16 +50,5 @@ def make_hook(
         workload=ctx.spec.name,
         device=ctx.device,
         steady_steps=steady_steps,
-        transform=ctx.plan.batch_transform() if ctx.plan is not None and ctx.plan.splits else None,
-        **split_record(ctx.plan),
+        plan=ctx.plan,
     )
-
-
-def split_record(plan: Any) -> dict[str, Any]:
-    """What the manifest records of a `plan` (a `plans.Plan` or None) that splits tables, so that
-    its sharded modules hold virtual ones: `model_tables` (the model's own tables) and `splits`
-    (as the plan file writes them); {} for a plan without splits."""
-    if plan is None or not plan.splits:
-        return {}
-    doc = plan.to_dict()
-    return {"model_tables": doc["model"]["tables"], "splits": doc["splits"]}

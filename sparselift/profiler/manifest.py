@@ -254,3 +254,13 @@ def table_entries(
             )
         )
     return out
+
+
+def split_record(plan: Any) -> dict[str, Any]:
+    """What the manifest records of a `plan` (a `plans.Plan` or None) that splits tables, so that
+    its sharded modules hold virtual ones: `model_tables` (the model's own tables) and `splits`
+    (as the plan file writes them); {} for a plan without splits."""
+    if plan is None or not plan.splits:
+        return {}
+    doc = plan.to_dict()
+    return {"model_tables": doc["model"]["tables"], "splits": doc["splits"]}

@@ -50,7 +50,12 @@ from sparselift.profiler.access_stats import access_rows, rank_table_steps, tabl
 from sparselift.profiler.collect import collect_traces
 from sparselift.profiler.gather import gather_to_rank0
 from sparselift.profiler.hot_ids import record_hot_ids
-from sparselift.profiler.manifest import ProfileFacts, comm_precision_of, sharding_of
+from sparselift.profiler.manifest import (
+    ProfileFacts,
+    comm_precision_of,
+    sharding_of,
+    split_record,
+)
 from sparselift.profiler.merge import RankReport, profile_facts, write_manifest, write_profile
 from sparselift.profiler.pipeline import ProfiledPipeline
 from sparselift.profiler.recombine_cost import recombine_record, time_recombine
@@ -101,14 +106,11 @@ class ProfileSession:
         workload: the workload's name to record.
         device: this rank's device (default: the model's).
         steady_steps: steps timed after the window with nothing attached (0: none).
-        model_tables: the model's own tables (name, num_embeddings, embedding_dim,
-            feature_names) where the sharded modules hold a split plan's virtual tables
-            instead (`Plan.model`); recorded so that the profile is known as one of that model.
-        splits: that plan's splits as its file writes them (recorded so that the plan in force
-            can be rebuilt from the manifest).
-        transform: that plan's `BatchTransform`, the one the data path calls: on CPU its and
-            the split model's recombination's seconds are timed in the steady steps
-            (`split_timer.py`).
+        plan: the `sparselift.plans.Plan` the model was sharded by, if any. One with splits is
+            recorded (`manifest.split_record`: the model's own tables and the splits, so that
+            the profile is known as one of that model and the plan in force can be rebuilt),
+            and on CPU its batch transform (the one the data path calls) and the split model's
+            recombination are timed in the steady steps (`split_timer.py`).
     Raises:
         UserError: a bad window or steady_steps < 0, or NoShardedEmbeddingError: the model is
             not DMP-sharded.
@@ -129,9 +131,7 @@ class ProfileSession:
         workload: str | None = None,
         device: torch.device | None = None,
         steady_steps: int = 10,
-        model_tables: list[dict[str, Any]] | None = None,
-        splits: list[dict[str, Any]] | None = None,
-        transform: Any = None,
+        plan: Any = None,
     ) -> None:
         if warmup < 0 or steps < 1 or steady_steps < 0:
             raise UserError(
@@ -151,7 +151,9 @@ class ProfileSession:
         self.pipeline = type(pipeline).__name__ if pipeline is not None else None
         self.write_files = write_files
         self.spec_tables, self.command, self.workload = spec_tables, command, workload
-        self.model_tables, self.splits = model_tables, splits
+        record = split_record(plan)  # a split plan's sharded modules hold virtual tables
+        self.model_tables, self.splits = record.get("model_tables"), record.get("splits")
+        transform = plan.batch_transform() if record else None
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
