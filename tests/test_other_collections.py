@@ -515,6 +515,13 @@ def test_a_model_with_an_embedding_collection_is_profiled_planned_and_loaded(tmp
         "item": False,
         "position": False,
     }
+    # where each table's collection is, as TorchRec's sharders put them
+    assert {t["name"]: t["module"] for t in written["model"]["tables"]} == {
+        "history": "ec",
+        "user": "ebc",
+        "item": "ebc",
+        "position": "fp",
+    }
     # TorchRec's planner planned the EmbeddingCollection too (no "not in the plan" refusal),
     # and the plan keeps to what an EmbeddingCollection can run
     assert "splits" not in written
@@ -726,3 +733,27 @@ def test_a_split_in_one_tower_transforms_that_towers_batch_alone():
     model = plan.rewrite(_towers())
     got = model.user(plan.transform_batch(user)).values()  # the item tower's batch is its own
     assert torch.equal(got, want)  # the split tower pools the same rows
+
+
+def test_a_plan_that_names_each_tables_collection_is_loaded_without_the_model():
+    plan = _plan()
+    plan = dataclasses.replace(
+        plan,
+        model=[dataclasses.replace(t, module="seq" if t.sequence else "bags") for t in plan.model],
+    )
+    again = plans.Plan.from_dict(plan.to_dict())
+    assert [t.module for t in again.model] == ["bags", "seq"]
+    assert set(again.sharding_plan().plan) == {"bags", "seq"}  # no model given
+    # each collection runs its own collectives: two pairs, though both tables are table-wise
+    assert "  collectives 2 all-to-all pairs per step (bags table_wise, seq table_wise)" in show(
+        again
+    )
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=2, compute_device="cpu"),
+        batch_size=8,
+        plan_loader=again.plan_loader(),
+    )
+    sp = planner.plan(TwoCollections(), again.sharders())
+    assert sp.plan["seq"]["history"].ranks == [1] and sp.plan["bags"]["user"].ranks == [0]

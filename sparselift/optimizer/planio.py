@@ -93,7 +93,8 @@ def table_plan(t: TableStats, ch: Choice, topo: Topology) -> plans.TablePlan:
 
 
 def fingerprints(stats: list[TableStats]) -> list[plans.TableFingerprint]:
-    """The tables as a plan's model fingerprint (name, rows, dim, features, sequence)."""
+    """The tables as a plan's model fingerprint (name, rows, dim, features, sequence and,
+    where profiled, collection)."""
     return [
         plans.TableFingerprint(
             name=t.name,
@@ -101,6 +102,7 @@ def fingerprints(stats: list[TableStats]) -> list[plans.TableFingerprint]:
             embedding_dim=t.embedding_dim,
             feature_names=tuple(t.feature_names or (t.name,)),
             sequence=t.sequence,
+            module=t.collection,
         )
         for t in stats
     ]

@@ -85,6 +85,12 @@ def _virtual(t: TableStats) -> bool:
 PIPELINES = {"TrainPipelineBase": "base", "TrainPipelineSparseDist": "sparse-dist"}
 
 
+def _module_of(entry: Any) -> dict[str, str]:
+    """{"module": its collection's path} of a manifest's sharding entry, where it names one."""
+    module = entry.get("module") if isinstance(entry, dict) else None
+    return {"module": module} if isinstance(module, str) else {}
+
+
 def plan_in_force(manifest: dict[str, Any]) -> plans.Plan | None:
     """The plan a profiled run trained with, rebuilt from its manifest (tables, sharding,
     pipeline, comm precision): the plan a new one must be predicted to beat.
@@ -117,6 +123,7 @@ def plan_in_force(manifest: dict[str, Any]) -> plans.Plan | None:
                     },
                     # an EmbeddingCollection's table: the profiler's pooling_type, the plan's flag
                     **({"sequence": True} if is_sequence_table(t) else {}),
+                    **_module_of(sharding.get(t.get("name"))),
                 }
                 for t in model or tables
             ]

@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sparselift.errors import UserError
 from sparselift.kernels import expected_unique, expected_unique_past, zipf_share
@@ -33,6 +34,7 @@ class TableStats:
     feature_names: tuple[str, ...] = ()
     sequence: bool = False  # an EmbeddingCollection's table: one output row per id, unpooled
     feature_processed: bool = False  # a FeatureProcessedEmbeddingBagCollection's: never split
+    collection: str | None = None  # its collection's path in the profiled model, if recorded
     # a virtual table of a split (`split_options`): the model table it is a part of, the share
     # of that table's split features whose batch-transform calls this part is charged, and the
     # share of its own pooled width the recombined output holds (summed parts: 1/parts)
@@ -111,7 +113,9 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
         raise UserError(
             f"{path}: missing columns {', '.join(missing)}" if missing else f"{path}: no rows"
         )
-    features, sequence, processed = _manifest_tables(Path(profile_dir))
+    manifest = _manifest(Path(profile_dir))
+    features, sequence, processed = _manifest_tables(manifest)
+    collections = _collections(manifest)
     out = []
     order = list(dict.fromkeys(df["table"]))
     for name in order:
@@ -134,22 +138,39 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
                 feature_names=tuple(features.get(str(name), (str(name),))),
                 sequence=str(name) in sequence,
                 feature_processed=str(name) in processed,
+                collection=collections.get(str(name)),
             )
         )
     return out, int(df["batch_size"].median())
 
 
-def _manifest_tables(profile_dir: Path) -> tuple[dict[str, list[str]], set[str], set[str]]:
-    """Feature names per table from manifest.json where it lists the model's tables (a list of
-    names; anything else, or a manifest that cannot be read, gives the table's own name), the
-    tables it records as unpooled (`pooling_type` "NONE": an EmbeddingCollection's) and those it
-    records as feature-processed."""
+def _manifest(profile_dir: Path) -> dict[str, Any]:
+    """manifest.json's object, or {} where it cannot be read (the statistics stand alone)."""
     try:
         m = json.loads((profile_dir / "manifest.json").read_text())
     except (OSError, ValueError):
-        return {}, set(), set()
-    if not isinstance(m, dict):
-        return {}, set(), set()
+        return {}
+    return m if isinstance(m, dict) else {}
+
+
+def _collections(m: dict[str, Any]) -> dict[str, str]:
+    """Each table's collection path as the profiled plan in force sharded it (a manifest's
+    `sharding`); {} where not recorded. (Planning reads profiles without splits.)"""
+    entries = m.get("sharding")
+    return {
+        str(e["table"]): str(e["module"])
+        for e in (entries if isinstance(entries, list) else [])
+        if isinstance(e, dict)
+        and isinstance(e.get("table"), str)
+        and isinstance(e.get("module"), str)
+    }
+
+
+def _manifest_tables(m: dict[str, Any]) -> tuple[dict[str, list[str]], set[str], set[str]]:
+    """Feature names per table from a manifest that lists the model's tables (a list of names;
+    anything else, or no manifest, gives the table's own name), the tables it records as
+    unpooled (`pooling_type` "NONE": an EmbeddingCollection's) and those it records as
+    feature-processed."""
     model, workload = m.get("model"), m.get("workload")  # a manifest's workload is its name
     tables = (
         (model.get("tables") if isinstance(model, dict) else None)

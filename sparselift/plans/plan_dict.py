@@ -52,6 +52,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             embedding_dim=t.embedding_dim,
             feature_names=list(t.feature_names),
             **({"sequence": True} if t.sequence else {}),
+            **({"module": t.module} if t.module is not None else {}),
         )
         for t in plan.model
     ]

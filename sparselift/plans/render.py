@@ -148,8 +148,10 @@ STATISTICS_SHOWN = 10  # tables `show` lists of a plan's statistics digest; the 
 
 
 def collective_types(plan: Plan, with_splits: bool = True) -> list[str]:
-    """The model-parallel sharding types of the plan's tables, in plan order: TorchRec runs one
-    input all-to-all and one output all-to-all (forward, and its gradient backward) per type.
+    """The model-parallel sharding types of the plan's tables, in plan order, one per collective
+    pair: TorchRec runs one input all-to-all and one output all-to-all (forward, and its gradient
+    backward) per type in each collection (each labelled "<collection> <type>" where the plan
+    records its tables in more than one collection).
 
     Args:
         plan: the plan.
@@ -157,11 +159,14 @@ def collective_types(plan: Plan, with_splits: bool = True) -> list[str]:
             that the difference from the full list is the pairs the splits add.
     """
     parts = set() if with_splits else {name for s in plan.splits for name in s.parts}
-    return list(
-        dict.fromkeys(
-            t.sharding_type for t in plan.tables if t.sharding_type != DP and t.name not in parts
-        )
+    module = {t.name: t.module for t in plan.sharded_tables()}
+    pairs = dict.fromkeys(
+        (module.get(t.name), t.sharding_type)
+        for t in plan.tables
+        if t.sharding_type != DP and t.name not in parts
     )
+    several = len({m for m, _ in pairs}) > 1
+    return [f"{m} {st}" if several else st for m, st in pairs]
 
 
 def collectives_line(plan: Plan) -> str:

@@ -95,6 +95,7 @@ def part_fingerprints(s: Split, fp: TableFingerprint) -> list[TableFingerprint]:
             num_embeddings=n,
             embedding_dim=d,
             feature_names=tuple(virtual_feature(f, part) for f in fp.feature_names),
+            module=fp.module,
         )
         for part, (n, d) in zip(s.parts, shapes, strict=False)
     ]

@@ -117,14 +117,20 @@ def _fingerprint(c: Any, sequence: bool = False) -> TableFingerprint:
 
 
 def _table_paths(plan: Plan, model: nn.Module | None) -> dict[str, str]:
-    """Table name → its collection's path: from `model`, else the plan's `module` (or "";
-    a split table's parts live in the stand-in's inner collection, `<module>.virtual`)."""
+    """Table name → its collection's path: from `model`, else each table's `module` in the plan,
+    else the plan's `module` (or ""); the tables of a collection that holds a split live in its
+    stand-in's inner collection, `<module>.virtual` (every table, where the plan does not say
+    which collection each is in)."""
     if model is None:
-        split = {p for s in plan.splits for p in s.parts}
-        split |= {t.name for t in plan.model if plan.splits}  # the whole collection moves
-        base = plan.module or ""
-        inner = f"{base}.{INNER}" if base else INNER
-        return {t.name: inner if t.name in split else base for t in plan.sharded_tables()}
+        split_tables = {s.table for s in plan.splits}
+        replaced = {t.module for t in plan.model if t.name in split_tables}
+        out = {}
+        for t in plan.sharded_tables():
+            path = t.module if t.module is not None else (plan.module or "")
+            if plan.splits and (t.module is None or t.module in replaced):
+                path = f"{path}.{INNER}" if path else INNER
+            out[t.name] = path
+        return out
     found = model_tables(model)
     duplicates = duplicate_problems(found)
     if duplicates:

@@ -34,6 +34,10 @@ class TableFingerprint:
         sequence: the table is an EmbeddingCollection's (one embedding per id, unpooled), not an
             EmbeddingBagCollection's: its output collectives carry every id's row, and TorchRec
             shards it only table-, column-, row-wise or data-parallel.
+        module: the path of its collection in the model the plan was made for, where the writer
+            knew it (None: not recorded). Not matched against a model (wrappers move paths):
+            where the loader shards the table when given no model, and which collectives it
+            shares (each collection runs its own).
     """
 
     name: str
@@ -41,6 +45,7 @@ class TableFingerprint:
     embedding_dim: int
     feature_names: tuple[str, ...]
     sequence: bool = False
+    module: str | None = None
 
     @classmethod
     def from_any(cls, t: TableFingerprint | dict[str, Any]) -> TableFingerprint:
@@ -48,7 +53,8 @@ class TableFingerprint:
 
         Args:
             t: a fingerprint, or a dict with `name`, `num_embeddings`, `embedding_dim` and optional
-                `feature_names` (default: the table's name) and `sequence` (default: false).
+                `feature_names` (default: the table's name), `sequence` (default: false) and
+                `module` (default: None).
         Returns:
             The fingerprint, sizes as Python ints.
         Raises:
@@ -62,6 +68,7 @@ class TableFingerprint:
             embedding_dim=int(t["embedding_dim"]),
             feature_names=tuple(t.get("feature_names") or (t["name"],)),
             sequence=bool(t.get("sequence", False)),
+            module=t.get("module"),
         )
 
 
