@@ -48,7 +48,7 @@ from sparselift.optimizer.space import RW, TW, TWRW, OptionClass, enumerate_clas
 from sparselift.optimizer.split_options import split_options
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import preset
-from sparselift.plans.render import show
+from sparselift.plans.render import diff, show
 from sparselift.plans.to_torchrec import model_tables
 from sparselift.profile_manifest import check_unique_tables
 from sparselift.profiler.access import TableMeta, warn_duplicate_tables
@@ -757,3 +757,26 @@ def test_a_plan_that_names_each_tables_collection_is_loaded_without_the_model():
     )
     sp = planner.plan(TwoCollections(), again.sharders())
     assert sp.plan["seq"]["history"].ranks == [1] and sp.plan["bags"]["user"].ranks == [0]
+
+
+def test_plan_diff_names_the_fields_of_a_table_that_differ():
+    a, b = _plan(), _plan()
+    b = dataclasses.replace(
+        b,
+        model=[
+            dataclasses.replace(t, module="bags", num_embeddings=120) if t.name == "user" else t
+            for t in b.model
+        ],
+    )
+    b = dataclasses.replace(
+        b,
+        tables=[
+            dataclasses.replace(t, shards=[plans.Shard(0, (0, 0), (120, 8))])
+            if t.name == "user"
+            else t
+            for t in b.tables
+        ],
+    )
+    lines = diff(a, b)
+    assert "model: table 'user': num_embeddings 100 -> 120" in lines
+    assert "model: table 'user': module None -> 'bags'" in lines

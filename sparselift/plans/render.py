@@ -269,7 +269,12 @@ def diff(a: Plan, b: Plan) -> list[str]:
         if name not in model_b:
             out.append(f"model: table {name!r} only in A")
         elif model_a[name] != model_b[name]:
-            out.append(f"model: table {name!r}: {model_a[name]} -> {model_b[name]}")
+            out += [
+                f"model: table {name!r}: {f.name} {getattr(model_a[name], f.name)!r} -> "
+                f"{getattr(model_b[name], f.name)!r}"
+                for f in dataclasses.fields(model_a[name])
+                if getattr(model_a[name], f.name) != getattr(model_b[name], f.name)
+            ]
     out += [f"model: table {name!r} only in B" for name in model_b if name not in model_a]
     out += _split_diff(a, b)
     tables_a, tables_b = {t.name: t for t in a.tables}, {t.name: t for t in b.tables}
