@@ -123,7 +123,8 @@ def plan_in_force(manifest: dict[str, Any]) -> plans.Plan | None:
                     },
                     # an EmbeddingCollection's table: the profiler's pooling_type, the plan's flag
                     **({"sequence": True} if is_sequence_table(t) else {}),
-                    **_module_of(sharding.get(t.get("name"))),
+                    # where its collection is (a split plan's sharded paths are its stand-ins')
+                    **({} if splits else _module_of(sharding.get(t.get("name")))),
                 }
                 for t in model or tables
             ]
