@@ -54,10 +54,20 @@ def brute_force(model: CostModel, stats, classes, g: PlanWide) -> float:
 
 
 @pytest.mark.parametrize(
-    "topo", [preset("cpu-gloo", 2), preset("cpu-gloo", 4, 2)], ids=["1host", "2hosts"]
+    "topo,collections",
+    [
+        (preset("cpu-gloo", 2), False),
+        (preset("cpu-gloo", 4, 2), False),
+        (preset("cpu-gloo", 2), True),
+    ],
+    ids=["1host", "2hosts", "2collections"],
 )
-def test_exact_solver_matches_brute_force(topo):
+def test_exact_solver_matches_brute_force(topo, collections):
     stats = TABLES[:4] if topo.world_size == 2 else TABLES[:3]
+    if collections:  # an EmbeddingCollection beside the bags: each runs its own calls
+        stats = [
+            dataclasses.replace(s, collection=("ebc", "ec")[i % 2]) for i, s in enumerate(stats)
+        ]
     model = CostModel(topo, 128, coefficients(topo))
     g = choose_precision(model)
     classes = feasible_classes(model, stats, g)

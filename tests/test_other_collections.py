@@ -36,15 +36,19 @@ from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
 from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
 from sparselift import plans
+from sparselift.analysis.fit import fit_ops
 from sparselift.analysis.reconstruct import attach_tables
-from sparselift.analysis.samples import lookup_context, lookup_parts
+from sparselift.analysis.samples import SAMPLE_COLUMNS, call_samples, lookup_context, lookup_parts
+from sparselift.analysis.type_overhead import model_parallel_types
 from sparselift.analysis.volumes import dist_bytes
 from sparselift.cli import main
 from sparselift.errors import UserError
 from sparselift.kernels import FLOAT_BYTES
+from sparselift.optimizer.coefficients import coefficients
+from sparselift.optimizer.cost_model import CostModel, type_fixed_costs
 from sparselift.optimizer.counts import class_counts
 from sparselift.optimizer.profile_input import plan_in_force
-from sparselift.optimizer.space import RW, TW, TWRW, OptionClass, enumerate_classes
+from sparselift.optimizer.space import FUSED, RW, TW, TWRW, Choice, OptionClass, enumerate_classes
 from sparselift.optimizer.split_options import split_options
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import preset
@@ -780,3 +784,60 @@ def test_plan_diff_names_the_fields_of_a_table_that_differ():
     lines = diff(a, b)
     assert "model: table 'user': num_embeddings 100 -> 120" in lines
     assert "model: table 'user': module None -> 'bags'" in lines
+
+
+def test_each_collection_runs_its_own_calls_and_the_samples_count_them():
+    def node(module: str, sharding: str, dur_s: float, x: float) -> dict:
+        return dict(
+            rank=0,
+            step=3,
+            kind="lookup_fwd",
+            part="compute",
+            module=module,
+            sharding=sharding,
+            dur_s=dur_s,
+            x=x,
+        )
+
+    nodes = pd.DataFrame(
+        [node("ec", TW, 1e-3, 100.0), node("ebc", TW, 2e-3, 300.0), node("ebc", RW, 5e-4, 50.0)]
+    ).assign(bytes=0.0, coll_op=None)
+    samples = call_samples(nodes, world_size=2, transfer=False).set_index("group")
+    # one sample per sharding type: the two collections' table-wise TBEs are two calls in it
+    assert samples.loc[TW, ["x", "y", "n_calls"]].tolist() == pytest.approx([400.0, 3e-3, 2])
+    assert samples.loc[RW, "n_calls"] == 1
+    assert (samples["calls"] == 3).all()  # the step's TBE calls of that kind
+
+
+def test_a_profiles_model_parallel_types_are_counted_in_each_collection():
+    entries = [("ebc", TW), ("ec", TW), ("ebc", TW), ("ebc", RW), ("ec", "data_parallel")]
+    manifest = {"sharding": [{"module": m, "sharding_type": t} for m, t in entries]}
+    assert model_parallel_types(manifest) == 3  # ebc's two types and ec's table-wise
+
+
+def test_a_sample_of_two_collections_calls_is_fitted_as_two_calls():
+    a_s, b_s = 2e-3, 1e-9  # what one input distribution costs
+    rows = []
+    for step in range(6):
+        for group, n_calls, x in ((TW, 2, 3e6 + 4e5 * step), (RW, 1, 1e6 + 3e5 * step)):
+            y = a_s * n_calls + b_s * x
+            for rank in range(2):
+                rows.append((rank, step, "input_dist", group, x, y, 0.0, 0.0, 3, n_calls, 0, 0, 0))
+    fit = fit_ops(pd.DataFrame(rows, columns=SAMPLE_COLUMNS))["input_dist"]
+    assert (fit.a_s, fit.b_s) == pytest.approx((a_s, b_s), rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0)
+
+
+def test_each_collection_pays_for_its_own_collectives_and_tbe_calls():
+    topo = preset("cpu-gloo", 2)
+    coeffs = coefficients(topo)
+    model = CostModel(topo, 128, coeffs)
+    tw = OptionClass(TW, FUSED, 1)
+    one = [TableStats(n, 5_000, 32, 2.0, feature_names=(n,), collection="ebc") for n in "ab"]
+    two = [one[0], dataclasses.replace(one[1], collection="ec")]
+    choices = {"a": Choice(tw, ranks=(0,)), "b": Choice(tw, ranks=(1,))}
+    step = [model.evaluate({s.name: s for s in st}, choices).step_time_s for st in (one, two)]
+    # a second table-wise input and output collective, its framework work and a second TBE
+    extra = sum(type_fixed_costs(coeffs, TW)) + coeffs.lookup_fwd.a_s + coeffs.lookup_bwd.a_s
+    assert extra > 0
+    assert step[1] - step[0] == pytest.approx(extra)

@@ -15,7 +15,7 @@ from sparselift.analysis.pipeline import analyze
 from sparselift.calibration import A2A_KIND, RS_KIND, Calibration
 from sparselift.cli import main
 from sparselift.optimizer.coefficients import ASSUMED, Linear, coefficients, load_calibration
-from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.cost_model import CostModel, Group
 from sparselift.optimizer.optimize import Inputs, optimize
 from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.robust import risky_class
@@ -114,7 +114,7 @@ def test_row_wise_bytes_and_fixed_costs_go_with_the_reduce_scatter_coefficients(
         assert m.terms(t, TW_CLS).own.output_dist_fwd == pytest.approx(
             base.output_dist_fwd.b_s * m.counts(t, TW_CLS).own.out_fwd_intra
         )
-        fixed = m.fixed_call_costs([(RW, FUSED), (TW, FUSED)])
+        fixed = m.fixed_call_costs([Group("", RW, FUSED), Group("", TW, FUSED)])
         assert fixed.output_dist_fwd == pytest.approx(
             c.output_dist_rs_fwd.a_s + base.output_dist_fwd.a_s
         )

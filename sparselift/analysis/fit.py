@@ -138,6 +138,7 @@ def fit_ops(
 ) -> dict[str, OpFit]:
     """Fit each op kind present in `calls`: a_s per call, b_s per unit of x.
 
+    A sample that adds up several collections' calls (`n_calls`) is fitted as their mean call.
     Lookups are fitted through the calls' medians per (profile, rank, group): ranks and groups
     look up different amounts. On CPU, where those calls determine the unit's weights
     (`unit_fit.refit_unit`), x is recounted in the refitted unit. Distributions: per (profile,
@@ -160,9 +161,10 @@ def fit_ops(
         prior = (fixed or {}).get(kind)
         lookup = kind.startswith("lookup")
         weights: tuple[float | None, float | None] = (None, None)
+        one = per_call(samples)
         if lookup:
             cols = ["x", "y", "ids", "unique", "bag_elems"]
-            med = samples.groupby(["profile", "rank", "group"])[cols].median()
+            med = one.groupby(["profile", "rank", "group"])[cols].median()
             unit = refit_unit(med, *KERNEL_UNIT.weights(kind)) if device == "cpu" else None
             if unit is not None:
                 weights = (unit.kappa, unit.mu)
@@ -174,12 +176,12 @@ def fit_ops(
             else:
                 line = _fit_calls(med["x"].values, med["y"].values, prior)
         else:
-            by_call = samples.groupby(["profile", "step", "group"])
-            least = samples.loc[by_call["wait"].idxmin()]
+            by_call = one.groupby(["profile", "step", "group"])
+            least = one.loc[by_call["wait"].idxmin()]
             most_moved = by_call["x"].transform("max").loc[least.index]
             line = _fit_calls(most_moved.values, least["y"].values, prior)
         y = samples["y"]
-        predicted = line.a_s + line.b_s * samples["x"]
+        predicted = line.a_s * _n_calls(samples) + line.b_s * samples["x"]
         spread = float(((y - y.mean()) ** 2).sum())
         r2 = float(1 - ((y - predicted) ** 2).sum() / spread) if spread > 0 else 1.0
         transfer = samples["transfer"].sum()
@@ -196,11 +198,30 @@ def fit_ops(
             n=int(len(samples)),
             overlap=overlap,
             calls=float(samples.groupby(["profile", "rank", "step"])["calls"].first().mean()),
-            sync_s=0.0 if lookup else sync_wait(samples),
+            sync_s=0.0 if lookup else sync_wait(one),
             unique_weight=weights[0],
             bag_weight=weights[1],
         )
     return ops
+
+
+def _n_calls(calls: pd.DataFrame) -> pd.Series:
+    """The calls each sample adds up (1 where samples do not say)."""
+    if "n_calls" not in calls:
+        return pd.Series(1.0, index=calls.index)
+    return calls["n_calls"].fillna(1).clip(lower=1).astype(float)
+
+
+def per_call(calls: pd.DataFrame) -> pd.DataFrame:
+    """`calls` with each sample's sizes and times as its mean call's (`n_calls`): a sample of
+    one collection is itself."""
+    n = _n_calls(calls)
+    if (n == 1).all():
+        return calls
+    out = calls.copy()
+    cols = [c for c in ("x", "y", "wait", "transfer", "ids", "unique", "bag_elems") if c in out]
+    out[cols] = out[cols].div(n, axis=0)
+    return out
 
 
 def _unit_with(kind: str, kappa: float | None, mu: float | None) -> LookupUnit:
@@ -282,8 +303,9 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu")
         calls = calls.copy()
         calls.loc[look, "x"] = lookup_work_of(calls[look], calls.loc[look, "kind"], device, unit)
     per = (
-        calls.groupby(["step", "kind", "rank"])
-        .agg(x=("x", "sum"), n=("group", "count"))
+        calls.assign(n_calls=_n_calls(calls))
+        .groupby(["step", "kind", "rank"])
+        .agg(x=("x", "sum"), n=("n_calls", "sum"))
         .reset_index()
     )
     fits = {k: f for k in per["kind"].unique() if (f := fit_of(ops, k)) is not None}

@@ -2,7 +2,10 @@
 
 A call is one sharding-type group's TBE kernel (lookups) or its distribution (input_dist: splits +
 lengths + values all-to-alls and permutes; output_dist: the pooled collective), on one rank in one
-step. Lookups are sized in work units (`sparselift.kernels.lookup_work`), distributions in bytes the
+step. Each collection (EmbeddingBagCollection, EmbeddingCollection, ...) runs its own calls for
+each of its sharding types: a sample adds up the calls of its group's collections and counts them
+(`n_calls`), so that fits price one call and the optimizer counts one per collection.
+Lookups are sized in work units (`sparselift.kernels.lookup_work`), distributions in bytes the
 rank sends, counted from the plan where it is known (`volumes`), exactly as the optimizer's cost
 model counts them, so that a fitted per-unit cost means the same thing in both places.
 """
@@ -30,6 +33,7 @@ SAMPLE_COLUMNS = [
     "wait",
     "transfer",
     "calls",
+    "n_calls",
     "ids",
     "unique",
     "bag_elems",
@@ -203,7 +207,9 @@ def call_samples(nodes: pd.DataFrame, world_size: int, transfer: bool = True) ->
     Returns:
         SAMPLE_COLUMNS, sorted by rank, step and kind, groups in the order the nodes name them:
         also `wait` (main-thread wait), `transfer` (the collectives' transfer time, for the
-        overlap share), `calls` (groups of that kind in the step) and, for lookups, the parts of
+        overlap share), `n_calls` (the sample's calls: the collections whose nodes of the group
+        it adds up, at least 1), `calls` (the step's calls of that kind) and, for lookups, the
+        parts of
         x (`ids`, `unique`, `bag_elems`: 0 where the nodes do not carry them). Sums add the nodes
         in node order, as `Series.sum` does.
     """
@@ -217,6 +223,8 @@ def call_samples(nodes: pd.DataFrame, world_size: int, transfer: bool = True) ->
         order = np.argsort(codes, kind="stable")
         col = {c: n[c].to_numpy(dtype=object)[order].tolist() for c in ("rank", "step", "kind")}
         shard = n["sharding"].fillna("*").to_numpy(dtype=object)[order].tolist()
+        mods = n["module"].fillna("*") if "module" in n else pd.Series("*", index=n.index)
+        module = mods.to_numpy(dtype=object)[order].tolist()
         part = n["part"].to_numpy(dtype=object)[order].tolist()
         # NaN counts as 0, as `Series.sum` skips it
         num = {"dur_s": n["dur_s"].fillna(0), "x": n["x"].fillna(0), "sent": sent}
@@ -225,7 +233,7 @@ def call_samples(nodes: pd.DataFrame, world_size: int, transfer: bool = True) ->
         val = {c: np.asarray(v, dtype=np.float64)[order] for c, v in num.items()}
         bounds = np.flatnonzero(np.diff(codes[order])) + 1
         for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)], strict=True):
-            rows += _samples_of(range(a, b), col, shard, part, val, parts)
+            rows += _samples_of(range(a, b), col, shard, module, part, val, parts)
     out = pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
     return with_transfer(out, nodes) if transfer else out
 
@@ -234,16 +242,22 @@ def _samples_of(
     span: range,
     col: dict[str, list[Any]],
     shard: list[Any],
+    module: list[Any],
     part: list[Any],
     val: dict[str, np.ndarray],
     parts: list[str],
 ) -> list[dict[str, Any]]:
-    """The samples of one (rank, step, kind): rows `span` of the sorted columns."""
+    """The samples of one (rank, step, kind): rows `span` of the sorted columns (a module "*":
+    not known, counted with the group's named collections)."""
     rank, step, kind = col["rank"][span[0]], col["step"][span[0]], col["kind"][span[0]]
     look = kind.startswith("lookup")
     main = [i for i in span if part[i] != "collective"]
     shared = _sum(val["dur_s"], [i for i in main if shard[i] == "*"])
     groups = list(dict.fromkeys(shard[i] for i in span if shard[i] != "*")) or ["*"]
+    n_calls = {
+        sh: max(1, len({module[i] for i in span if shard[i] == sh and module[i] != "*"}))
+        for sh in groups
+    }
     out = []
     for sh in groups:
         m = [i for i in main if shard[i] == sh]
@@ -262,7 +276,8 @@ def _samples_of(
                 y=y,
                 wait=wait,
                 transfer=np.nan,
-                calls=len(groups),
+                calls=sum(n_calls.values()),
+                n_calls=n_calls[sh],
                 **pieces,
             )
         )

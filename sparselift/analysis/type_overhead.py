@@ -5,7 +5,8 @@ batch, its input distribution, lookup and output distribution get their own awai
 pooled output is permuted into the module's. The calls are traced and fitted per kind; the
 framework work around them is not, so it stays in each profile's dense residual (what the step
 leaves once the modelled sparse path is taken out). Profiles of one job that run different
-numbers of model-parallel sharding types measure it: how the residual grows per type. The
+numbers of model-parallel sharding types measure it: how the residual grows per type (per type
+in each collection: each collection runs its types apart). The
 optimizer prices it with each type's fixed costs (`Coefficients.type_overhead_s`).
 """
 
@@ -51,9 +52,15 @@ def profiled_sharding_types(manifests: Iterable[Mapping[str, Any]]) -> list[str]
 
 
 def model_parallel_types(manifest: Mapping[str, Any]) -> int:
-    """How many model-parallel sharding types (`volumes.SHARDED`) the profile's plan ran;
-    0 without a record."""
-    return len(set(profiled_sharding_types([manifest])) & set(SHARDED))
+    """How many model-parallel sharding types (`volumes.SHARDED`) the profile's plan ran, each
+    collection's counted apart (each runs its own); 0 without a record."""
+    return len(
+        {
+            (e.get("module"), e["sharding_type"])
+            for e in manifest.get("sharding") or []
+            if isinstance(e, Mapping) and e.get("sharding_type") in SHARDED
+        }
+    )
 
 
 def fit_dense(residuals: Sequence[float], types: Sequence[int]) -> DenseFit:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparselift.optimizer.cost_model import CostModel, group_of, sum_rank_loads
+from sparselift.optimizer.cost_model import CostModel, Group, group_of, sum_rank_loads
 from sparselift.optimizer.costs import DDR_COL, HBM_COL, PHASES
 from sparselift.optimizer.space import Choice, PlanWide
 from sparselift.optimizer.table_stats import TableStats
@@ -208,7 +208,7 @@ def _set_back(
     load, tr = loads(ours), np.array(prices.rank_totals(ours))
     load_a = {n: loads({n: ours[n]}) for n in names}
     tr_a = {n: tr_loads(n, ours[n]) for n in names}
-    group = {n: group_of(ch.cls) for n, ch in ours.items()}
+    group = {n: group_of(by_name[n], ch.cls) for n, ch in ours.items()}
     hbm = hbm_budget(topo, own.batch_size, stats) if topo.device == "cuda" else np.inf
     caps = np.array([hbm, topo.usable(topo.ddr_bytes)], dtype=float)
     fixed_now = float(sum(own.fixed_call_costs(group.values())))
@@ -219,7 +219,7 @@ def _set_back(
         best: tuple[float, str, Choice, np.ndarray, np.ndarray] | None = None
         for name in left:  # the plan's table order: the first of equals
             to = base[name]
-            fixed = _fixed_after(own, counts, group[name], group_of(to.cls))
+            fixed = _fixed_after(own, counts, group[name], group_of(by_name[name], to.cls))
             lift = own.coeffs.dense_step_s + fixed
             rest, rest_tr = load - load_a[name], tr - tr_a[name]
             terms = own.terms(by_name[name], to.cls, wide)
@@ -240,7 +240,7 @@ def _set_back(
             return None
         current, name, ch, load, tr = best
         left.remove(name)
-        group[name] = group_of(ch.cls)
+        group[name] = group_of(by_name[name], ch.cls)
         back[name] = ch
     return back if current <= 1.0 else None
 
@@ -290,11 +290,9 @@ def _place_both(
     return tuple(sorted(ranks)), sl, t
 
 
-def _fixed_after(
-    own: CostModel, counts: Counter[tuple[str, str]], frm: tuple[str, str], to: tuple[str, str]
-) -> float:
+def _fixed_after(own: CostModel, counts: Counter[Group], frm: Group, to: Group) -> float:
     """The plan's fixed per-call costs (seconds) once one table moves from group `frm` to `to`
-    (`counts`: tables per (sharding type, kernel) group now)."""
+    (`counts`: tables per group now)."""
     after = counts.copy()
     after[frm] -= 1
     after[to] += 1

@@ -21,8 +21,10 @@ other ranks of the shard's host pay for their side too.
 Two caches keep it incremental: resource *counts* per (table stats, option class) (`counts`) and
 *terms* (counts × coefficients) per (stats, class, coefficients, precision). A changed table's
 stats miss only its own entries; a changed coefficient only re-multiplies cached counts. Fixed
-per-call costs (the a_s of a fit) are counted once per sharding-type group present (one
-all-to-all / one TBE per group, as TorchRec batches them).
+per-call costs (the a_s of a fit) are counted once per group present: one input and one output
+collective per (collection, sharding type), one TBE per (collection, sharding type, kernel), as
+TorchRec batches them (each collection, e.g. an EmbeddingCollection beside an
+EmbeddingBagCollection, runs its own).
 
 A row-wise or table-row-wise table's output distribution is a reduce-scatter (gloo: an
 all-reduce), not an all-to-all: its bytes, and its type's fixed cost, are priced with the
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from typing import NamedTuple
 
 from sparselift.kernels import FLOAT_BYTES, ID_BYTES, LENGTH_BYTES, LookupUnit
 from sparselift.optimizer.coefficients import Coefficients, Linear
@@ -96,9 +99,18 @@ def type_fixed_costs(coeffs: Coefficients, sharding_type: str) -> PhaseTimes:
     )
 
 
-def group_of(cls: OptionClass) -> tuple[str, str]:
-    """The (sharding type, kernel) group a class runs in: one TBE call per group."""
-    return (cls.sharding_type, cls.kernel)
+class Group(NamedTuple):
+    """The calls a table's shards run in: one TBE per group, one input_dist and one output
+    collective per (collection, sharding type)."""
+
+    collection: str  # the table's collection ("" where not recorded: one for all)
+    sharding_type: str
+    kernel: str
+
+
+def group_of(t: TableStats, cls: OptionClass) -> Group:
+    """The group table `t` runs in under class `cls`."""
+    return Group(t.collection or "", cls.sharding_type, cls.kernel)
 
 
 class CostModel:
@@ -176,14 +188,15 @@ class CostModel:
             cc.located, cc.shards, load(cc.own), load(cc.remote_intra), load(cc.remote_inter)
         )
 
-    def fixed_call_costs(self, groups: Iterable[tuple[str, str]]) -> PhaseTimes:
-        """Fixed costs of the (sharding type, kernel) groups present: one input_dist, one output
-        collective and the framework work per sharding type (`type_fixed_costs`), one TBE per
+    def fixed_call_costs(self, groups: Iterable[Group]) -> PhaseTimes:
+        """Fixed costs of the groups present: one input_dist, one output collective and the
+        framework work per (collection, sharding type) (`type_fixed_costs`), one TBE per
         group, one allreduce for all data-parallel tables."""
         coeffs = self.coeffs
         groups = set(groups)
         per_type = [
-            type_fixed_costs(coeffs, st) for st in sorted({s for s, _ in groups if s != DP})
+            type_fixed_costs(coeffs, st)
+            for _, st in sorted({g[:2] for g in groups if g.sharding_type != DP})
         ]
         return PhaseTimes(
             sum(f.input_dist for f in per_type),
@@ -193,7 +206,7 @@ class CostModel:
             coeffs.lookup_bwd.a_s * len(groups),
             (1.0 - coeffs.dp_overlap)
             * coeffs.dp_allreduce.a_s
-            * (1 if any(s == DP for s, _ in groups) else 0),
+            * (1 if any(g.sharding_type == DP for g in groups) else 0),
         )
 
     def recombine_fixed_s(self, stats: Mapping[str, TableStats], choices: Iterable[str]) -> float:
@@ -256,7 +269,7 @@ class CostModel:
         """
         plan_wide = plan_wide or PlanWide()
         loads = self.rank_loads(stats, choices, plan_wide)
-        fixed = self.fixed_call_costs(group_of(ch.cls) for ch in choices.values())
+        fixed = self.fixed_call_costs(group_of(stats[n], ch.cls) for n, ch in choices.items())
         coeffs = self.coeffs
         phases = {
             ph: max(getattr(load, ph) for load in loads) + getattr(fixed, ph) for ph in PHASES

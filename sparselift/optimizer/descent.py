@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from sparselift.optimizer.cost_model import group_of
+from sparselift.optimizer.cost_model import Group, group_of
 from sparselift.optimizer.costs import DDR_COL, HBM_COL, PHASES
 from sparselift.optimizer.placement import improve_placement
 from sparselift.optimizer.problem import Problem
@@ -63,18 +63,18 @@ def _top2(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 class _State:
-    """The plan being improved: every rank's load and the (type, kernel) groups in use."""
+    """The plan being improved: every rank's load and the groups (`cost_model.Group`) in use."""
 
     def __init__(self, p: Problem, choices: Mapping[str, Choice]) -> None:
         self.p = p
         self.choices = dict(choices)
         self.loads = np.array(p.rank_loads(self.choices), dtype=float)
-        self.groups = Counter(group_of(ch.cls) for ch in self.choices.values())
+        self.groups = Counter(group_of(p.by_name[n], ch.cls) for n, ch in self.choices.items())
         gpu = p.on_gpu
         self.caps = np.array([p.hbm_cap if gpu else np.inf, p.ddr_cap], dtype=float)
-        self._fixed: dict[frozenset[tuple[str, str]], float] = {}
+        self._fixed: dict[frozenset[Group], float] = {}
 
-    def fixed_s(self, present: frozenset[tuple[str, str]]) -> float:
+    def fixed_s(self, present: frozenset[Group]) -> float:
         """Fixed per-call costs of the groups `present` (seconds, cached)."""
         if present not in self._fixed:
             self._fixed[present] = float(sum(self.p.model.fixed_call_costs(present)))
@@ -94,10 +94,10 @@ def _best_for(st: _State, name: str) -> tuple[float, Choice, np.ndarray] | None:
     cur = st.choices[name]
     rest = st.loads - _contribution(p, name, cur)
     others = Counter(st.groups)
-    others[group_of(cur.cls)] -= 1
+    others[group_of(p.by_name[name], cur.cls)] -= 1
     best: tuple[float, Choice, np.ndarray] | None = None
     for c in p.classes[name]:
-        g = group_of(c)
+        g = group_of(p.by_name[name], c)
         present = frozenset(x for x, k in others.items() if k > 0) | {g}
         base = p.coeffs.dense_step_s + st.fixed_s(present)
         for ch, loads in _placements(p, st, name, c, rest):
@@ -204,8 +204,8 @@ def descend(p: Problem, choices: Mapping[str, Choice]) -> dict[str, Choice]:
             if best is None or best[1] == st.choices[name] or not best[0] < now * (1 - REL_GAIN):
                 continue
             old = st.choices[name]
-            st.groups[group_of(old.cls)] -= 1
-            st.groups[group_of(best[1].cls)] += 1
+            st.groups[group_of(p.by_name[name], old.cls)] -= 1
+            st.groups[group_of(p.by_name[name], best[1].cls)] += 1
             st.choices[name], st.loads = best[1], best[2]
             moved = changed = True
         if not moved:

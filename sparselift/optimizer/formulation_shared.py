@@ -21,7 +21,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from sparselift.optimizer.cost_model import group_of, type_fixed_costs
+from sparselift.optimizer.cost_model import Group, group_of, type_fixed_costs
 from sparselift.optimizer.costs import PHASES, PhaseTimes
 from sparselift.optimizer.problem import NS, Problem
 from sparselift.optimizer.space import DP, OptionClass
@@ -42,11 +42,11 @@ def classes_and_fixed_costs(
     p: Problem, m: cp_model.CpModel, use: UseVars
 ) -> tuple[list[Any], cp_model.IntVar]:
     """Exactly one way per model table (itself or one of its splits, `split[table|i]`) and one
-    class per table of that way; `group_used` per (sharding type, kernel) group and `a2a_used`
-    per sharding type, implied by the chosen classes; each phase's fixed per-call cost as an
-    expression of them (one input_dist and one output collective per sharding type, the
-    reduce-scatter's for row-wise types, `cost_model.type_fixed_costs`; one TBE per group, as
-    TorchRec batches them); and the pipeline boolean.
+    class per table of that way; `group_used` per group (`cost_model.Group`) and `a2a_used`
+    per (collection, sharding type), implied by the chosen classes; each phase's fixed per-call
+    cost as an expression of them (one input_dist and one output collective per collection's
+    sharding type, the reduce-scatter's for row-wise types, `cost_model.type_fixed_costs`; one
+    TBE per group, as TorchRec batches them); and the pipeline boolean.
     Returns (fixed cost per phase, sparse_dist)."""
     split_vars = []
     for s in p.stats:
@@ -60,27 +60,28 @@ def classes_and_fixed_costs(
             for name in way:
                 m.add(sum(use[name, c] for c in p.classes[name]) == x)
         split_vars += chosen[1:]
-    groups: dict[tuple[str, str], cp_model.IntVar] = {}
-    for (_, c), v in use.items():
-        g = group_of(c)
+    groups: dict[Group, cp_model.IntVar] = {}
+    for (name, c), v in use.items():
+        g = group_of(p.by_name[name], c)
         if g not in groups:
-            groups[g] = m.new_bool_var(f"group_used[{g[0]}/{g[1]}]")
+            groups[g] = m.new_bool_var(f"group_used[{'/'.join(filter(None, g))}]")
         m.add_implication(v, groups[g])
-    types: dict[str, cp_model.IntVar] = {}
-    for (st, _), gv in groups.items():
-        if st != DP and st not in types:
-            types[st] = m.new_bool_var(f"a2a_used[{st}]")
-        if st != DP:
-            m.add_implication(gv, types[st])
+    types: dict[tuple[str, str], cp_model.IntVar] = {}  # (collection, sharding type)
+    for g, gv in groups.items():
+        if g.sharding_type == DP:
+            continue
+        if g[:2] not in types:
+            types[g[:2]] = m.new_bool_var(f"a2a_used[{'/'.join(filter(None, g[:2]))}]")
+        m.add_implication(gv, types[g[:2]])
     coeffs = p.coeffs
     fixed_cost: list[Any] = [0] * len(PHASES)
-    per_type = {st: type_fixed_costs(coeffs, st) for st in types}  # rs output for RW / TWRW
+    per_type = {st: type_fixed_costs(coeffs, st) for _, st in types}  # rs output for RW / TWRW
     per_group = PhaseTimes(lookup_fwd=coeffs.lookup_fwd.a_s, lookup_bwd=coeffs.lookup_bwd.a_s)
     for i in range(len(PHASES)):
-        fixed_cost[i] = sum(to_ns(per_type[st][i]) * tv for st, tv in types.items()) + sum(
+        fixed_cost[i] = sum(to_ns(per_type[st][i]) * tv for (_, st), tv in types.items()) + sum(
             to_ns(per_group[i]) * gv for gv in groups.values()
         )
-    dp = [gv for (st, _), gv in groups.items() if st == DP]
+    dp = [gv for g, gv in groups.items() if g.sharding_type == DP]
     if dp:
         dp_fixed = to_ns((1 - coeffs.dp_overlap) * coeffs.dp_allreduce.a_s)
         fixed_cost[PHASES.index("dp_allreduce")] += dp_fixed * dp[0]
@@ -96,11 +97,13 @@ def classes_and_fixed_costs(
 
 
 def phase_upper_bounds(p: Problem, load_ub: list[float], n_use: int) -> list[int]:
-    """Upper bounds of the phase max variables: the worst loads plus every fixed cost."""
+    """Upper bounds of the phase max variables: the worst loads plus every fixed cost (a TBE
+    per use variable at most, and each collection's four model-parallel types)."""
     c = p.coeffs
     rs = (c.output_dist_rs_fwd.a_s, c.output_dist_rs_bwd.a_s)
     per_call = max(*(getattr(c, ph).a_s for ph in PHASES), *rs) + c.type_overhead_s
-    fixed_ub = to_ns(per_call) * (n_use + 4)
+    collections = len({t.collection or "" for t in p.tables})
+    fixed_ub = to_ns(per_call) * (n_use + 4 * collections)
     return [int(load_ub[i]) + fixed_ub + 1 for i in range(len(PHASES))]
 
 
