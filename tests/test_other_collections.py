@@ -841,3 +841,56 @@ def test_each_collection_pays_for_its_own_collectives_and_tbe_calls():
     extra = sum(type_fixed_costs(coeffs, TW)) + coeffs.lookup_fwd.a_s + coeffs.lookup_bwd.a_s
     assert extra > 0
     assert step[1] - step[0] == pytest.approx(extra)
+
+
+SEQUENCE_SPEC = {
+    "name": "seq-small",
+    "batch_size": 64,
+    "dense_in_features": 4,
+    "model": {"arch": "concat-mlp", "dense_arch": [16, 8], "over_arch": [16, 1]},
+    "tables": [
+        {
+            "name": "history",
+            "num_embeddings": 20_000,
+            "embedding_dim": 16,
+            "sequence": True,
+            "pooling_factor": 8,
+            "pooling": "poisson",
+            "zipf_alpha": 0.8,
+        },
+        {"name": "user", "num_embeddings": 2_000, "embedding_dim": 8},
+        {"name": "item", "num_embeddings": 1_000, "embedding_dim": 8, "pooling_factor": 2},
+    ],
+}
+
+
+@pytest.mark.slow
+def test_a_spec_with_a_sequence_table_is_profiled_planned_and_measured(tmp_path, capsys):
+    spec, prof, plan = tmp_path / "seq.json", tmp_path / "prof", tmp_path / "plan.json"
+    spec.write_text(json.dumps(SEQUENCE_SPEC))
+    w = ["--workload", str(spec)]
+    assert main(["profile", *w, "--out", str(prof), "--warmup", "2", "--steps", "2"]) == 0
+    manifest = json.loads((prof / "manifest.json").read_text())
+    assert {(e["table"], e["module"]) for e in manifest["sharding"]} == {
+        ("history", "model.embedding_collection"),
+        ("user", "model.embedding_bag_collection"),
+        ("item", "model.embedding_bag_collection"),
+    }
+    assert main(["analyze", str(prof)]) == 0
+    assert main(["optimize", "--profile", str(prof), "--out", str(plan)]) == 0
+    written = json.loads(plan.read_text())
+    history = next(t for t in written["model"]["tables"] if t["name"] == "history")
+    assert history["sequence"] is True and history["module"] == "model.embedding_collection"
+    assert main(["plan", "validate", str(plan), *w]) == 0
+    capsys.readouterr()
+    bench = ["bench", *w, "--plan", str(plan), "--vs", "torchrec", "--rounds", "1", "--steps", "3"]
+    assert main(bench) == 0
+    assert "torchrec" in capsys.readouterr().out
+    # what-if planning of the spec prices the collection's own collectives apart
+    whatif = tmp_path / "whatif.json"
+    assert (
+        main(["optimize", *w, "--world-size", "16", "--device", "h100x8", "--out", str(whatif)])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "model.embedding_collection" in out and "None" not in out.split("collectives:")[1]

@@ -7,22 +7,30 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from torchrec import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.sparse.jagged_tensor import JaggedTensor
 
 from sparselift.errors import UserError
+from sparselift.optimizer.table_stats import stats_from_spec
 from sparselift.workloads import load_workload
 from sparselift.workloads.batches import SyntheticBatches
 from sparselift.workloads.criteo import criteo_batches, day_files
-from sparselift.workloads.models import build_model
+from sparselift.workloads.models import build_model, sequence_mean
+from sparselift.workloads.spec import SEQUENCE_COLLECTION, parse_workload
 
 
-@pytest.mark.parametrize("arch", ["dlrm", "dlrm-dcn", "concat-mlp"])
+@pytest.mark.parametrize("arch", ["dlrm", "dlrm-dcn", "concat-mlp", "concat-mlp+sequence"])
 def test_every_arch_learns_a_step(arch):
     spec = load_workload("tiny")
     tables = spec.tables
-    if arch == "concat-mlp":  # mixed dims are what concat-mlp is for
+    if arch.startswith("concat-mlp"):  # mixed dims are what concat-mlp is for
         tables = tuple(
-            dataclasses.replace(t, embedding_dim=8 * (1 + i % 3)) for i, t in enumerate(tables)
+            dataclasses.replace(
+                t, embedding_dim=8 * (1 + i % 3), sequence=arch.endswith("e") and i % 3 == 0
+            )
+            for i, t in enumerate(tables)
         )
+        arch = "concat-mlp"
     spec = dataclasses.replace(
         spec, tables=tables, model=dataclasses.replace(spec.model, arch=arch, dcn_low_rank_dim=8)
     )
@@ -38,6 +46,27 @@ def test_every_arch_learns_a_step(arch):
         loss.backward()
         opt.step()
     assert loss.item() < loss0.item()
+
+
+def test_sequence_tables_live_in_an_embedding_collection_and_are_averaged_per_sample():
+    d = load_workload("tiny").to_dict()
+    d["model"]["arch"] = "concat-mlp"
+    d["tables"][1]["sequence"] = True
+    spec = parse_workload(d, "seq.json")
+    model = build_model(spec, embedding_device=torch.device("cpu"))
+    collections = {
+        name: [c.name for c in (m.embedding_configs() if hasattr(m, "embedding_configs") else [])]
+        for name, m in model.named_modules()
+        if isinstance(m, (EmbeddingCollection, EmbeddingBagCollection))
+    }
+    # where the optimizer's what-if statistics say the sequence table is
+    assert collections[SEQUENCE_COLLECTION] == ["t1"]
+    stats = {s.name: s for s in stats_from_spec(spec)}
+    assert stats["t1"].sequence and stats["t1"].collection == SEQUENCE_COLLECTION
+    assert not stats["t0"].sequence and stats["t0"].collection is None
+    values = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 9.0]])
+    jt = JaggedTensor(values=values, lengths=torch.tensor([2, 0, 1]))
+    assert sequence_mean(jt).tolist() == [[2.0, 3.0], [0.0, 0.0], [5.0, 9.0]]
 
 
 def write_criteo_day(root, day: int, n: int, seed: int = 0) -> None:

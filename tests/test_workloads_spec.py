@@ -89,6 +89,20 @@ def _tiny_dict():
         (lambda d: d["model"].update(dcn_num_layers=0), "dcn_num_layers must be an integer in"),
         (lambda d: d["model"].update(dense_arch=[64, 2**20]), "model.dense_arch must be"),
         (lambda d: d["model"].update(over_arch=[1]), "over_arch of dlrm needs at least 2 layers"),
+        (
+            lambda d: d["tables"][2].update(sequence=True),
+            "table 't2' is a sequence table, which dlrm cannot take (it pools every feature): "
+            "use arch concat-mlp",
+        ),
+        (lambda d: d["tables"][2].update(sequence="yes"), "'sequence' must be true or false"),
+        (
+            lambda d: (
+                d["model"].update(arch="concat-mlp"),
+                d["tables"][2].update(sequence=True),
+                d["tables"][3].update(sequence=True, embedding_dim=16),
+            ),
+            "sequence tables 't2' and 't3' differ in embedding_dim",
+        ),
     ],
 )
 def test_bad_specs_are_refused_with_the_table_named(mutate, needle):
@@ -157,6 +171,18 @@ def test_format_doc_is_the_printed_format(cli):
     ):
         assert f"`{key}`" in out
     assert "1..1,099,511,627,776 (2^40)" in out  # the limit parse_workload applies
+
+
+def test_a_sequence_table_is_read_kept_and_fingerprinted_as_one(write_json):
+    d = _tiny_dict()
+    d["model"]["arch"] = "concat-mlp"
+    d["tables"][1]["sequence"] = True
+    spec = load_workload(write_json(d))
+    assert [t.sequence for t in spec.tables[:3]] == [False, True, False]
+    assert load_workload(write_json(spec.to_dict())).tables == spec.tables
+    assert "sequence" not in spec.to_dict()["tables"][0]  # written only where true
+    prints = spec.fingerprints()
+    assert prints[1]["sequence"] is True and "sequence" not in prints[0]
 
 
 def test_concat_mlp_allows_mixed_dims():

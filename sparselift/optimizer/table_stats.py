@@ -17,7 +17,7 @@ from typing import Any
 from sparselift.errors import UserError
 from sparselift.kernels import expected_unique, expected_unique_past, zipf_share
 from sparselift.profile_manifest import is_sequence_table
-from sparselift.workloads.spec import WorkloadSpec
+from sparselift.workloads.spec import SEQUENCE_COLLECTION, WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,8 @@ def stats_from_spec(spec: WorkloadSpec) -> list[TableStats]:
             ids_per_sample=t.pooling_factor * len(t.features),
             zipf_alpha=t.zipf_alpha,
             feature_names=tuple(t.features),
+            sequence=t.sequence,
+            collection=SEQUENCE_COLLECTION if t.sequence else None,
         )
         for t in spec.tables
     ]

@@ -151,7 +151,7 @@ def collective_types(plan: Plan, with_splits: bool = True) -> list[str]:
     """The model-parallel sharding types of the plan's tables, in plan order, one per collective
     pair: TorchRec runs one input all-to-all and one output all-to-all (forward, and its gradient
     backward) per type in each collection (each labelled "<collection> <type>" where the plan
-    records its tables in more than one collection).
+    records its tables in more than one collection; a table it records none for: "<type>").
 
     Args:
         plan: the plan.
@@ -166,7 +166,7 @@ def collective_types(plan: Plan, with_splits: bool = True) -> list[str]:
         if t.sharding_type != DP and t.name not in parts
     )
     several = len({m for m, _ in pairs}) > 1
-    return [f"{m} {st}" if several else st for m, st in pairs]
+    return [f"{m} {st}" if several and m is not None else st for m, st in pairs]
 
 
 def collectives_line(plan: Plan) -> str:

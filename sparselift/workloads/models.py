@@ -1,9 +1,12 @@
-"""Model builders: TorchRec's DLRM and DLRM-DCN, and a concat-MLP model for mixed embedding dims.
+"""Model builders: TorchRec's DLRM and DLRM-DCN, and a concat-MLP model for mixed embedding dims
+and sequence tables.
 
 Every builder returns a module whose forward takes a `torchrec.datasets.utils.Batch` and returns
 `(loss, (loss, logits, labels))` — the contract TorchRec's train pipelines expect. Embedding tables
 are created on the `meta` device so that DistributedModelParallel materializes only each rank's
-shards.
+shards. A spec's sequence tables live in an EmbeddingCollection (one embedding per id, as a
+sequence model's history features), which only `concat-mlp` has: it averages each sequence
+feature's embeddings per sample.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.modules.mlp import MLP
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from sparselift.workloads.spec import WorkloadSpec
 
@@ -24,7 +27,8 @@ META = torch.device("meta")
 
 
 def table_configs(spec: WorkloadSpec) -> list[EmbeddingBagConfig]:
-    """TorchRec's EmbeddingBagConfig of every table of `spec`, in table order."""
+    """TorchRec's EmbeddingBagConfig of every pooled (not sequence) table of `spec`, in table
+    order."""
     return [
         EmbeddingBagConfig(
             name=t.name,
@@ -33,27 +37,56 @@ def table_configs(spec: WorkloadSpec) -> list[EmbeddingBagConfig]:
             feature_names=list(t.features),
         )
         for t in spec.tables
+        if not t.sequence
     ]
 
 
+def sequence_configs(spec: WorkloadSpec) -> list[EmbeddingConfig]:
+    """TorchRec's EmbeddingConfig of every sequence table of `spec`, in table order."""
+    return [
+        EmbeddingConfig(
+            name=t.name,
+            embedding_dim=t.embedding_dim,
+            num_embeddings=t.num_embeddings,
+            feature_names=list(t.features),
+        )
+        for t in spec.tables
+        if t.sequence
+    ]
+
+
+def sequence_mean(jt: JaggedTensor) -> torch.Tensor:
+    """Each sample's mean embedding of a sequence feature (zeros for a sample without ids)."""
+    lengths = jt.lengths()
+    sample = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+    values = jt.values()
+    sums = values.new_zeros(lengths.numel(), values.shape[1]).index_add_(0, sample, values)
+    return sums / lengths.clamp(min=1).unsqueeze(1).to(values.dtype)
+
+
 class ConcatMLP(nn.Module):
-    """Pooled embeddings of any dims concatenated with the dense tower's output, then an MLP."""
+    """Pooled embeddings of any dims (and each sequence feature's mean embedding) concatenated
+    with the dense tower's output, then an MLP."""
 
     def __init__(
         self,
-        ebc: EmbeddingBagCollection,
+        ebc: EmbeddingBagCollection | None,
         dense_in_features: int,
         dense_arch: list[int],
         over_arch: list[int],
         dense_device: torch.device | None = None,
+        ec: EmbeddingCollection | None = None,
     ) -> None:
-        """The model over `ebc`: dense tower `dense_arch`, then `over_arch` (ending in 1 logit)."""
+        """The model over `ebc` and `ec` (either may be None, not both): dense tower
+        `dense_arch`, then `over_arch` (ending in 1 logit)."""
         super().__init__()
         self.embedding_bag_collection = ebc
+        self.embedding_collection = ec
         self.dense_arch = MLP(dense_in_features, dense_arch, device=dense_device)
-        pooled_dim = sum(
-            c.embedding_dim * len(c.feature_names) for c in ebc.embedding_bag_configs()
-        )
+        bags = ebc.embedding_bag_configs() if ebc is not None else []
+        seqs = ec.embedding_configs() if ec is not None else []
+        self._sequence_features = [f for c in seqs for f in c.feature_names]
+        pooled_dim = sum(c.embedding_dim * len(c.feature_names) for c in [*bags, *seqs])
         self.over_arch = nn.Sequential(
             MLP(dense_arch[-1] + pooled_dim, list(over_arch[:-1]), device=dense_device)
             if len(over_arch) > 1
@@ -69,8 +102,13 @@ class ConcatMLP(nn.Module):
         self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
     ) -> torch.Tensor:
         """Logits, one per sample."""
-        pooled = self.embedding_bag_collection(sparse_features).values()
-        return self.over_arch(torch.cat([self.dense_arch(dense_features), pooled], dim=1))
+        parts = [self.dense_arch(dense_features)]
+        if self.embedding_bag_collection is not None:
+            parts.append(self.embedding_bag_collection(sparse_features).values())
+        if self.embedding_collection is not None:
+            per_id = self.embedding_collection(sparse_features)
+            parts += [sequence_mean(per_id[f]) for f in self._sequence_features]
+        return self.over_arch(torch.cat(parts, dim=1))
 
 
 def build_model(
@@ -86,7 +124,8 @@ def build_model(
         embedding_device: where the tables live: `meta` (default) for DistributedModelParallel
             to materialize only each rank's shards; a real device for unsharded use.
     """
-    ebc = EmbeddingBagCollection(tables=table_configs(spec), device=embedding_device)
+    bags, seqs = table_configs(spec), sequence_configs(spec)
+    ebc = EmbeddingBagCollection(tables=bags, device=embedding_device) if bags else None
     arch = spec.model
     dlrm_args: dict[str, Any] = dict(
         dense_in_features=spec.dense_in_features,
@@ -94,6 +133,8 @@ def build_model(
         over_arch_layer_sizes=list(arch.over_arch),
         dense_device=dense_device,
     )
+    if arch.arch != "concat-mlp":
+        assert ebc is not None and not seqs, "the spec's checks keep sequence tables to concat-mlp"
     if arch.arch == "dlrm":
         core: nn.Module = DLRM(ebc, **dlrm_args)
     elif arch.arch == "dlrm-dcn":
@@ -104,8 +145,14 @@ def build_model(
             **dlrm_args,
         )
     else:
+        ec = EmbeddingCollection(tables=seqs, device=embedding_device) if seqs else None
         core = ConcatMLP(
-            ebc, spec.dense_in_features, list(arch.dense_arch), list(arch.over_arch), dense_device
+            ebc,
+            spec.dense_in_features,
+            list(arch.dense_arch),
+            list(arch.over_arch),
+            dense_device,
+            ec,
         )
     # DLRMTrain only needs `model(dense, sparse) -> logits`, which ConcatMLP provides too.
     return DLRMTrain(core)

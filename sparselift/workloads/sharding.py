@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.types import ShardingEnv
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -29,9 +30,11 @@ EMBEDDING_LR = 0.02
 DENSE_LR = 0.01
 
 
-def embedding_modules(model: nn.Module) -> list[EmbeddingBagCollection]:
-    """Every EmbeddingBagCollection in `model`."""
-    return [m for m in model.modules() if isinstance(m, EmbeddingBagCollection)]
+def embedding_modules(model: nn.Module) -> list[EmbeddingBagCollection | EmbeddingCollection]:
+    """Every EmbeddingBagCollection and EmbeddingCollection in `model`."""
+    return [
+        m for m in model.modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
+    ]
 
 
 def shard(
@@ -60,7 +63,7 @@ def shard(
     if plan is not None:
         return plan.apply(model, pg=pg, device=device)
     world = pg.size()
-    sharders = [EmbeddingBagCollectionSharder()]
+    sharders: list[Any] = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
     topology = Topology(
         world_size=world, compute_device=device.type, local_world_size=local_world_size or world
     )

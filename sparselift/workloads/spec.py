@@ -20,6 +20,8 @@ from sparselift.errors import UserError
 from sparselift.plans.types import MAX_EMBEDDING_DIM, MAX_NUM_EMBEDDINGS
 
 ARCHS = ("dlrm", "dlrm-dcn", "concat-mlp")
+# where the harness's model (`models.build_model`) keeps a spec's sequence tables
+SEQUENCE_COLLECTION = "model.embedding_collection"
 POOLINGS = ("fixed", "poisson")
 
 # Limits of a spec's numbers (docs/WORKLOADS.md says them; `sparselift workloads --format` too).
@@ -41,6 +43,7 @@ class TableSpec:
     pooling: str = "fixed"
     zipf_alpha: float = 0.0
     feature_names: tuple[str, ...] = ()
+    sequence: bool = False  # an EmbeddingCollection's table: one embedding per id, not pooled
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -98,6 +101,7 @@ class WorkloadSpec:
                 num_embeddings=t.num_embeddings,
                 embedding_dim=t.embedding_dim,
                 feature_names=list(t.features),
+                **({"sequence": True} if t.sequence else {}),
             )
             for t in self.tables
         ]
@@ -112,6 +116,8 @@ class WorkloadSpec:
                 t.pop("feature_names")
             else:
                 t["feature_names"] = list(t["feature_names"])
+            if not t["sequence"]:
+                t.pop("sequence")
         d["model"]["dense_arch"] = list(d["model"]["dense_arch"])
         d["model"]["over_arch"] = list(d["model"]["over_arch"])
         return d
@@ -253,7 +259,19 @@ def parse_workload(d: Any, source: str) -> WorkloadSpec:
         raise UserError(f"{source}: the workload has no tables")
     tables = tuple(_parse_table(t, i, source) for i, t in enumerate(raw_tables))
     _check_unique(tables, source)
+    seq = [t for t in tables if t.sequence]
+    other = [t.name for t in seq if t.embedding_dim != seq[0].embedding_dim]
+    if other:
+        raise UserError(
+            f"{source}: sequence tables {seq[0].name!r} and {other[0]!r} differ in "
+            f"embedding_dim: TorchRec's EmbeddingCollection holds tables of one dim"
+        )
     if model.arch in ("dlrm", "dlrm-dcn"):
+        if seq:
+            raise UserError(
+                f"{source}: table {seq[0].name!r} is a sequence table, which {model.arch} cannot "
+                f"take (it pools every feature): use arch concat-mlp"
+            )
         last = model.dense_arch[-1]
         wrong = [t.name for t in tables if t.embedding_dim != last]
         if wrong:
@@ -336,6 +354,9 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
     features = tuple(_get(t, "feature_names", list, where) if "feature_names" in t else [])
     if not all(isinstance(f, str) and f for f in features):
         raise UserError(f"{where}: feature_names must be a list of non-empty strings")
+    sequence = t.get("sequence", False)
+    if not isinstance(sequence, bool):
+        raise UserError(f"{where}: 'sequence' must be true or false, got {_shown(sequence)}")
     return TableSpec(
         name=name,
         num_embeddings=rows,
@@ -344,6 +365,7 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
         pooling=pooling,
         zipf_alpha=alpha,
         feature_names=features,
+        sequence=sequence,
     )
 
 

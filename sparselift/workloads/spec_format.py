@@ -37,7 +37,8 @@ rule below is refused in one line that names the file and the table, before anyt
 - `arch` (one of {archs}; required):
   `dlrm` is TorchRec's DLRM (dot interaction); `dlrm-dcn` is DLRM with a DCNv2 interaction;
   `concat-mlp` concatenates the pooled embeddings with the dense tower's output into an MLP, for
-  tables of mixed dims.
+  tables of mixed dims; it is the one arch that takes sequence tables (each sequence feature's
+  embeddings averaged per sample).
 - `dense_arch` (non-empty list of integers, each 1..{max_features}; required): layer sizes of the
   dense tower. For `dlrm` and `dlrm-dcn` the last one must equal every table's `embedding_dim`.
 - `over_arch` (non-empty list of integers, each 1..{max_features}; required): layer sizes of the
@@ -65,6 +66,11 @@ rule below is refused in one line that names the file and the table, before anyt
   is typical of production features.
 - `feature_names` (list of non-empty strings; default `[name]`): the sparse features that look
   this table up. A feature feeds one table only.
+- `sequence` (`true` or `false`; default `false`): a sequence table, kept in an
+  EmbeddingCollection (one embedding per id, as a user's history in a sequence model) rather than
+  the EmbeddingBagCollection that pools each feature's ids; `concat-mlp` only. TorchRec shards it
+  table-, column-, row-wise or data-parallel, and SparseLift never splits it. Sequence tables
+  share one `embedding_dim` (an EmbeddingCollection holds tables of one dim).
 
 The limits are far beyond today's models ({max_rows_short} rows, {max_dim_short} columns per
 table): they keep every byte and id count SparseLift derives within a 64-bit integer, so that a
