@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from sparselift.errors import UserError
@@ -53,6 +54,14 @@ def _configs(module: nn.Module) -> list[Any] | None:
         if cfgs:
             return list(cfgs)
     return None
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device a (DMP) model runs on: its `device`, else its first parameter's, else CPU."""
+    dev = getattr(model, "device", None)
+    if isinstance(dev, torch.device):
+        return dev
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def find_sharded_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

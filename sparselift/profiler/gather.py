@@ -7,6 +7,14 @@ from pathlib import Path
 from typing import Any
 
 
+def barrier() -> None:
+    """Wait for every rank of the default group (nothing without one, or alone)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def gather_to_rank0(obj: Any, group: Any = None) -> list[Any] | None:
     """Gather `obj` of every rank of `group` on its rank 0.
 

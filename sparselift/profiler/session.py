@@ -9,19 +9,17 @@ or `profile_pipeline(pipeline, "prof/", ...)` around a TorchRec TrainPipeline, o
 `step_begin(i)` / `step_end(i)` / `finish()` protocol that the SparseLift harness calls.
 
 Steps before the window run untouched. At the first profiled step the session starts
-torch.profiler and wraps the sharded modules' `input_dist`; after the last it stops, unwraps, writes
-this rank's trace (the other ranks into a private temp directory and stream it to rank 0: no
-shared filesystem is needed; a trace that did not arrive is named in `missing_ranks`), and gathers
-every rank's access statistics and stand-alone timings of a split plan's costs on rank 0, which
-writes `hot_ids.parquet`, `access_stats.parquet` and `manifest.json` (with `write_files=False`,
-`finish()` hands the last two to the caller). Then it times `steady_steps` more steps with
-nothing attached but two clock reads a kernel call (the window runs slower than training does),
-and rank 0 rewrites the manifest with their `steady_step_s`, `lookup_s` and `split_cost_s`
-(training that ends first keeps what was timed, once `finish()` runs or the `with` block ends).
-`execution_trace=True` also records torch's ExecutionTraceObserver (`rank<R>.et.json`); it is off
-by default because it costs disk space and slows the steps after the window.
-Nothing the profiler does may stop training: every failure is caught, warned about once, and
-listed in `errors`.
+torch.profiler and wraps the sharded modules' `input_dist`; after the last it unwraps, writes this
+rank's trace (other ranks stream theirs to rank 0: no shared filesystem is needed; a trace that did
+not arrive is named in `missing_ranks`), and gathers every rank's access statistics and timings of
+a split plan's costs on rank 0, which writes `hot_ids.parquet`, `access_stats.parquet` and
+`manifest.json` (`write_files=False`: `finish()` hands the last two to the caller). Then it times
+`steady_steps` more steps with only two clock reads a kernel call attached (the window runs slower
+than training), and rank 0 rewrites the manifest with their `steady_step_s`, `lookup_s` and
+`split_cost_s` (kept if training ends first, once `finish()` runs or the `with` block ends).
+`execution_trace=True` also records torch's ExecutionTraceObserver (`rank<R>.et.json`; off by
+default: it costs disk and slows the steps after the window). Nothing the profiler does may stop
+training: every failure is caught, warned about once, and listed in `errors`.
 """
 
 from __future__ import annotations
@@ -43,19 +41,15 @@ from sparselift.profiler.access import (
     AccessRecorder,
     feature_processed_paths,
     find_sharded_modules,
+    model_device,
     table_metas,
     warn_duplicate_tables,
 )
 from sparselift.profiler.access_stats import access_rows, rank_table_steps, table_histograms
 from sparselift.profiler.collect import collect_traces
-from sparselift.profiler.gather import gather_to_rank0
+from sparselift.profiler.gather import barrier, gather_to_rank0
 from sparselift.profiler.hot_ids import record_hot_ids
-from sparselift.profiler.manifest import (
-    ProfileFacts,
-    comm_precision_of,
-    sharding_of,
-    split_record,
-)
+from sparselift.profiler.manifest import ProfileFacts, comm_precision_of, sharding_of, split_record
 from sparselift.profiler.merge import RankReport, profile_facts, write_manifest, write_profile
 from sparselift.profiler.pipeline import ProfiledPipeline
 from sparselift.profiler.recombine_cost import recombine_record, time_recombine
@@ -73,20 +67,6 @@ __all__ = [
     "write_manifest",
     "write_profile",
 ]
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    dev = getattr(model, "device", None)
-    if isinstance(dev, torch.device):
-        return dev
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 class ProfileSession:
@@ -159,7 +139,7 @@ class ProfileSession:
         self.world_size = dist.get_world_size() if distributed else 1
         self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         self.backend = str(dist.get_backend()) if distributed else None
-        self.device = device or _model_device(model)
+        self.device = device or model_device(model)
         self.step_times_s: list[float] = []
         self.profiled_steps: list[int] = []
         self.errors: list[str] = []
@@ -349,7 +329,7 @@ class ProfileSession:
         if self.rank == 0 and reports:
             self._guard(lambda: self._rank0(reports), "merging access statistics")
         # Leave the window together: otherwise the other ranks' next step waits out rank 0's merge.
-        self._guard(_barrier, "leaving the window")
+        self._guard(barrier, "leaving the window")
 
     def _gather_traces(self, reports: list[RankReport] | None) -> None:
         """Stream the other ranks' trace files into rank 0's directory. Afterwards a rank's
