@@ -33,6 +33,8 @@ def _tables() -> list[TableStats]:
         TableStats("tiny", 5, 32, 0.3, feature_names=("tiny",)),
         # an EmbeddingCollection's: its output buffers hold a row per id
         TableStats("seq", 2_000_000, 64, 12.0, feature_names=("s",), sequence=True),
+        # fp16 weights: TorchRec counts its tensor and its outputs at 2 bytes an element
+        TableStats("fp16_t", 8_000_000, 128, 4.0, feature_names=("h",), data_type="fp16"),
     ]
 
 

@@ -858,14 +858,16 @@ SEQUENCE_SPEC = {
             "pooling": "poisson",
             "zipf_alpha": 0.8,
         },
-        {"name": "user", "num_embeddings": 2_000, "embedding_dim": 8},
+        {"name": "user", "num_embeddings": 2_000, "embedding_dim": 8, "data_type": "fp16"},
         {"name": "item", "num_embeddings": 1_000, "embedding_dim": 8, "pooling_factor": 2},
     ],
 }
 
 
 @pytest.mark.slow
-def test_a_spec_with_a_sequence_table_is_profiled_planned_and_measured(tmp_path, capsys):
+def test_a_spec_with_a_sequence_table_and_fp16_weights_is_profiled_planned_and_measured(
+    tmp_path, capsys
+):
     spec, prof, plan = tmp_path / "seq.json", tmp_path / "prof", tmp_path / "plan.json"
     spec.write_text(json.dumps(SEQUENCE_SPEC))
     w = ["--workload", str(spec)]
@@ -876,11 +878,17 @@ def test_a_spec_with_a_sequence_table_is_profiled_planned_and_measured(tmp_path,
         ("user", "model.embedding_bag_collection"),
         ("item", "model.embedding_bag_collection"),
     }
+    assert {t["name"]: t["data_type"] for t in manifest["tables"]} == {
+        "history": "fp32",
+        "user": "fp16",
+        "item": "fp32",
+    }
     assert main(["analyze", str(prof)]) == 0
     assert main(["optimize", "--profile", str(prof), "--out", str(plan)]) == 0
-    written = json.loads(plan.read_text())
-    history = next(t for t in written["model"]["tables"] if t["name"] == "history")
+    written = {t["name"]: t for t in json.loads(plan.read_text())["model"]["tables"]}
+    history = written["history"]
     assert history["sequence"] is True and history["module"] == "model.embedding_collection"
+    assert written["user"]["data_type"] == "fp16" and "data_type" not in written["item"]
     assert main(["plan", "validate", str(plan), *w]) == 0
     capsys.readouterr()
     bench = ["bench", *w, "--plan", str(plan), "--vs", "torchrec", "--rounds", "1", "--steps", "3"]

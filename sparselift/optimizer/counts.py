@@ -141,8 +141,8 @@ def _sparselift_counts(
 
     def memory(rows: float, cols: float) -> tuple[float, float, float]:
         """(hbm, ddr, dense_grad_x) of `rows`×`cols` weights under this kernel."""
-        weights, state = rows * cols * FLOAT_BYTES, rows * FLOAT_BYTES
-        grad = rows * cols * FLOAT_BYTES if c.kernel == DENSE else 0.0
+        weights, state = rows * cols * t.weight_bytes, rows * FLOAT_BYTES
+        grad = rows * cols * t.weight_bytes if c.kernel == DENSE else 0.0
         dense_x = rows * cols if c.kernel == DENSE else 0.0
         if c.kernel == UVM_CACHING:
             return cache_share * weights, weights + state, 0.0
@@ -166,8 +166,8 @@ def _sparselift_counts(
     zero = Counts()
     if c.sharding_type == DP:
         hbm, ddr, _ = memory(N, d)
-        ring = 2.0 * (W - 1) / W * N * d * FLOAT_BYTES
-        grad = N * d * FLOAT_BYTES
+        ring = 2.0 * (W - 1) / W * N * d * t.weight_bytes
+        grad = N * d * t.weight_bytes
         own = Counts(
             lookup_x=B * p * d,
             dense_grad_x=N * d,

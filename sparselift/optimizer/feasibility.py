@@ -83,8 +83,8 @@ def part_classes(
 
 
 def table_bytes(s: TableStats) -> int:
-    """A whole table's fp32 weights and row-wise optimizer state (one float per row)."""
-    return s.num_embeddings * s.embedding_dim * 4 + s.num_embeddings * 4
+    """A whole table's weights (in its type) and row-wise optimizer state (one float per row)."""
+    return int(s.num_embeddings * s.embedding_dim * s.weight_bytes) + s.num_embeddings * 4
 
 
 def _refusal(

@@ -93,8 +93,8 @@ def table_plan(t: TableStats, ch: Choice, topo: Topology) -> plans.TablePlan:
 
 
 def fingerprints(stats: list[TableStats]) -> list[plans.TableFingerprint]:
-    """The tables as a plan's model fingerprint (name, rows, dim, features, sequence and,
-    where profiled, collection)."""
+    """The tables as a plan's model fingerprint (name, rows, dim, features, sequence, weight
+    type and, where profiled, collection)."""
     return [
         plans.TableFingerprint(
             name=t.name,
@@ -103,6 +103,7 @@ def fingerprints(stats: list[TableStats]) -> list[plans.TableFingerprint]:
             feature_names=tuple(t.feature_names or (t.name,)),
             sequence=t.sequence,
             module=t.collection,
+            data_type=t.data_type,
         )
         for t in stats
     ]

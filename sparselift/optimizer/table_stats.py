@@ -16,6 +16,7 @@ from typing import Any
 
 from sparselift.errors import UserError
 from sparselift.kernels import expected_unique, expected_unique_past, zipf_share
+from sparselift.plans.types import WEIGHT_BYTES
 from sparselift.profile_manifest import is_sequence_table
 from sparselift.workloads.spec import SEQUENCE_COLLECTION, WorkloadSpec
 
@@ -35,6 +36,7 @@ class TableStats:
     sequence: bool = False  # an EmbeddingCollection's table: one output row per id, unpooled
     feature_processed: bool = False  # a FeatureProcessedEmbeddingBagCollection's: never split
     collection: str | None = None  # its collection's path in the profiled model, if recorded
+    data_type: str = "fp32"  # its weights' type (TorchRec's DataType, lower case)
     # a virtual table of a split (`split_options`): the model table it is a part of, the share
     # of that table's split features whose batch-transform calls this part is charged, and the
     # share of its own pooled width the recombined output holds (summed parts: 1/parts)
@@ -45,6 +47,11 @@ class TableStats:
     # ids) are the hot part's, and this part draws from the law past them
     head_rows: int = 0
     head_share: float = 0.0
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes an element of its weights takes (`plans.types.WEIGHT_BYTES`)."""
+        return WEIGHT_BYTES[self.data_type]
 
     def unique(self, draws: float) -> float:
         """Expected distinct rows among `draws` of its ids (`kernels.expected_unique`; past the
@@ -91,6 +98,7 @@ def stats_from_spec(spec: WorkloadSpec) -> list[TableStats]:
             feature_names=tuple(t.features),
             sequence=t.sequence,
             collection=SEQUENCE_COLLECTION if t.sequence else None,
+            data_type=t.data_type,
         )
         for t in spec.tables
     ]
@@ -118,6 +126,11 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
     manifest = _manifest(Path(profile_dir))
     features, sequence, processed = _manifest_tables(manifest)
     collections = _collections(manifest)
+    data_types = {
+        t["name"]: t["data_type"]
+        for t in manifest.get("tables") or []
+        if isinstance(t, dict) and t.get("data_type") in WEIGHT_BYTES
+    }
     out = []
     order = list(dict.fromkeys(df["table"]))
     for name in order:
@@ -141,6 +154,7 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
                 sequence=str(name) in sequence,
                 feature_processed=str(name) in processed,
                 collection=collections.get(str(name)),
+                data_type=data_types.get(str(name), "fp32"),
             )
         )
     return out, int(df["batch_size"].median())

@@ -51,7 +51,7 @@ def embedding_model(stats: list[TableStats]) -> Any:
     are sequence tables a module holding an EmbeddingBagCollection (`ebc`, the pooled ones) and
     an EmbeddingCollection per embedding dim (`ec_<dim>`: TorchRec's holds tables of one dim),
     as TorchRec's planner sees such a model."""
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, EmbeddingConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
     def config(cls: Any, s: TableStats) -> Any:
@@ -60,6 +60,7 @@ def embedding_model(stats: list[TableStats]) -> Any:
             embedding_dim=s.embedding_dim,
             num_embeddings=s.num_embeddings,
             feature_names=list(s.feature_names or (s.name,)),
+            data_type=DataType[s.data_type.upper()],
         )
 
     meta = torch.device("meta")

@@ -9,13 +9,14 @@ importing it: the counts are made for thousands of tables). `torchrec_referee.st
 runs TorchRec's own code on whole plans; the tests hold the two to the same bytes.
 
 What is replicated (torchrec 1.8), for the planner as `torchrec_baseline` runs it (an
-EmbeddingBagCollection of fp32 tables, one ParameterConstraints per table with its pooling factors,
+EmbeddingBagCollection of tables of their weight types, one ParameterConstraints per table with its
+pooling factors,
 the default estimators and `HeuristicalStorageReservation(0.15)`):
 - per shard: `torchrec.distributed.planner.shard_estimators.calculate_shard_storages`: the
   shard's share of the weights (no optimizer state: the planner's tensors carry no optimizer
   class), UVM caching's cache (load factor × weights) and its auxiliary state
   (`_calculate_cache_aux_state_sizes`: rows × (4 + 16 × load factor)), plus the input and output
-  buffers of `_calculate_shard_io_sizes` (int64 ids, fp32 pooled outputs) as
+  buffers of `_calculate_shard_io_sizes` (int64 ids, pooled outputs in the table's element size) as
   `calculate_pipeline_io_cost` charges them. Which train pipeline a plan runs is not known when a
   shard is counted, so the larger of the two SparseLift can run is taken: no pipeline
   (input + output) and the sparse-dist pipeline (2 × input);
@@ -43,7 +44,6 @@ from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
 
 ID_DTYPE_BYTES = 8  # torchrec.distributed.planner.constants.BIGINT_DTYPE: ids as int64
-OUTPUT_DTYPE_BYTES = 4  # the tables' element size (fp32), TorchRec's output size
 RESERVED_HBM_SHARE = 0.15  # EmbeddingShardingPlanner's heuristical_storage_reservation_percentage
 KJT_COPIES = 20  # HeuristicalStorageReservation: "2 pipelined batches each with 10 internal copies"
 DEFAULT_CACHE_LOAD_FACTOR = 0.2  # torchrec.distributed.planner.constants.UVM_CACHING_RATIO
@@ -102,7 +102,7 @@ def _io_sizes(
     if c.sharding_type == DP:
         return (
             math.ceil(inputs * ID_DTYPE_BYTES),
-            math.ceil(outputs * t.embedding_dim * OUTPUT_DTYPE_BYTES),
+            math.ceil(outputs * t.embedding_dim * t.weight_bytes),
         )
     if c.sharding_type == RW:
         inputs = inputs / W
@@ -112,7 +112,7 @@ def _io_sizes(
         outputs = inputs
     return (
         math.ceil(inputs * W * ID_DTYPE_BYTES),
-        math.ceil(outputs * W * cols * OUTPUT_DTYPE_BYTES),
+        math.ceil(outputs * W * cols * t.weight_bytes),
     )
 
 
@@ -136,7 +136,7 @@ def shard_storage(topo: Topology, batch_size: int, t: TableStats, c: OptionClass
         raise ValueError("TorchRec's storage estimate is used for CUDA topologies only")
     n, d = t.num_embeddings, t.embedding_dim
     rows, cols = shard_shape(t, c, topo)
-    tensor_bytes = n * d * OUTPUT_DTYPE_BYTES
+    tensor_bytes = math.ceil(n * d * t.weight_bytes)  # the table's element size, as TorchRec's
     cached = c.kernel == UVM_CACHING
     clf = DEFAULT_CACHE_LOAD_FACTOR if c.cache_load_factor is None else c.cache_load_factor
     hbm_storage = round(tensor_bytes * clf) if cached else tensor_bytes

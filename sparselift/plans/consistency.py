@@ -300,6 +300,11 @@ def fit_problems(plan: Plan, tables: list[TableFingerprint], world_size: int) ->
                 f"table {name!r} is {kinds[a.sequence]} in the model, {kinds[p.sequence]} in "
                 "the plan"
             )
+        if p.data_type != a.data_type:
+            problems.append(
+                f"table {name!r} holds {a.data_type} weights in the model, {p.data_type} in the "
+                "plan (its memory was counted in those): plan it again"
+            )
         if name in splits:
             problems += split_fit_problems(splits[name], p, a)
             continue

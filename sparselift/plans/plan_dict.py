@@ -53,6 +53,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             feature_names=list(t.feature_names),
             **({"sequence": True} if t.sequence else {}),
             **({"module": t.module} if t.module is not None else {}),
+            **({"data_type": t.data_type} if t.data_type != "fp32" else {}),
         )
         for t in plan.model
     ]

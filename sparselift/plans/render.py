@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from sparselift.plans.plan import Plan
-from sparselift.plans.types import Split, TablePlan
+from sparselift.plans.types import WEIGHT_BYTES, Split, TablePlan
 
 # Sharding types as the per-table view abbreviates them.
 DP = "data_parallel"
@@ -42,24 +43,28 @@ def _shards(t: TablePlan) -> str:
 
 
 def rank_elements(plan: Plan) -> list[dict[str, int]]:
-    """Per rank: tables touched and embedding elements held (rows × cols summed over its shards).
+    """Per rank: tables touched, embedding elements held (rows × cols summed over its shards)
+    and the bytes they take (each table's `data_type`).
 
     Returns:
-        One {"tables": int, "elements": int} per rank, in rank order.
+        One {"tables": int, "elements": int, "bytes": float} per rank, in rank order.
     """
     fps = {t.name: t for t in plan.sharded_tables()}
-    out = [{"tables": 0, "elements": 0} for _ in range(plan.topology.world_size)]
+    out: list[dict[str, Any]] = [
+        {"tables": 0, "elements": 0, "bytes": 0.0} for _ in range(plan.topology.world_size)
+    ]
     for t in plan.tables:
         fp = fps[t.name]
+        size = WEIGHT_BYTES.get(fp.data_type, 4.0)
         if t.sharding_type == "data_parallel":
-            for r in range(plan.topology.world_size):
-                out[r]["tables"] += 1
-                out[r]["elements"] += fp.num_embeddings * fp.embedding_dim
-            continue
-        for r in sorted({s.rank for s in t.shards}):
+            held = [(r, fp.num_embeddings * fp.embedding_dim) for r in range(len(out))]
+        else:
+            held = [(s.rank, s.sizes[0] * s.sizes[1]) for s in t.shards]
+        for r in sorted({r for r, _ in held}):
             out[r]["tables"] += 1
-        for s in t.shards:
-            out[s.rank]["elements"] += s.sizes[0] * s.sizes[1]
+        for r, n in held:
+            out[r]["elements"] += n
+            out[r]["bytes"] += n * size
     return out
 
 
@@ -119,12 +124,12 @@ def show(plan: Plan) -> str:
     lines += [
         "",
         "per rank",
-        f"  {'rank':>4s} {'tables':>6s} {'elements':>14s} {'fp32 weights':>13s} {'share':>6s}"
+        f"  {'rank':>4s} {'tables':>6s} {'elements':>14s} {'weights':>13s} {'share':>6s}"
         + ("   predicted compute / comm / memory" if predicted else ""),
     ]
     for r, v in enumerate(per_rank):
         line = (
-            f"  {r:4d} {v['tables']:6d} {v['elements']:14,d} {_bytes(4 * v['elements']):>13s} "
+            f"  {r:4d} {v['tables']:6d} {v['elements']:14,d} {_bytes(v['bytes']):>13s} "
             f"{100 * v['elements'] / total:5.1f}%"
         )
         p = predicted.get(r)

@@ -96,6 +96,7 @@ def part_fingerprints(s: Split, fp: TableFingerprint) -> list[TableFingerprint]:
             embedding_dim=d,
             feature_names=tuple(virtual_feature(f, part) for f in fp.feature_names),
             module=fp.module,
+            data_type=fp.data_type,
         )
         for part, (n, d) in zip(s.parts, shapes, strict=False)
     ]

@@ -29,7 +29,7 @@ from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCo
 
 from sparselift.plans.checkpoint import INNER
 from sparselift.plans.errors import PlanError
-from sparselift.plans.types import CommPrecision, TableFingerprint, TablePlan
+from sparselift.plans.types import WEIGHT_BYTES, CommPrecision, TableFingerprint, TablePlan
 
 # a FeatureProcessedEmbeddingBagCollection's own EmbeddingBagCollection (TorchRec's attribute)
 FP_INNER = "_embedding_bag_collection"
@@ -113,6 +113,7 @@ def _fingerprint(c: Any, sequence: bool = False) -> TableFingerprint:
         embedding_dim=c.embedding_dim,
         feature_names=tuple(c.feature_names),
         sequence=sequence,
+        data_type=c.data_type.name.lower(),
     )
 
 
@@ -314,6 +315,7 @@ class SparseLiftPlanLoader(PlanLoader):
         self._plan = plan
         self._paths = _table_paths(plan, model)
         self._fingerprints = {t.name: t for t in plan.sharded_tables()}
+        self._fingerprints = {t.name: t for t in plan.sharded_tables()}
 
     def get_plan_id(self) -> str:
         """The plan's source file, as TorchRec's planner logs it."""
@@ -324,8 +326,10 @@ class SparseLiftPlanLoader(PlanLoader):
         return None  # the plan carries its own fingerprint; check() compares it
 
     def _storage(self, size: list[int], t: TablePlan) -> Storage:
-        """Rough bytes of a shard (fp32 weights + row-wise optimizer state), for planner stats."""
-        nbytes = size[0] * size[1] * 4 + size[0] * 4
+        """Rough bytes of a shard (weights in its table's type + row-wise optimizer state), for
+        planner stats."""
+        element = WEIGHT_BYTES.get(self._fingerprints[t.name].data_type, 4.0)
+        nbytes = int(size[0] * size[1] * element) + size[0] * 4
         if self._plan.topology.device == "cpu" or t.compute_kernel in ("fused_uvm", "key_value"):
             return Storage(hbm=0, ddr=nbytes)
         if t.compute_kernel == "fused_uvm_caching":  # cache_share is never None for this kernel

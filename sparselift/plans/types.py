@@ -22,6 +22,11 @@ MAX_EMBEDDING_DIM = 2**16  # columns of one table
 MAX_WORLD_SIZE = 2**16  # ranks
 
 
+# bytes an element of a table's weights takes, by TorchRec DataType (lower case)
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "uint8": 1.0}
+WEIGHT_BYTES |= {"int4": 0.5, "int2": 0.25}
+
+
 @dataclass(frozen=True)
 class TableFingerprint:
     """One embedding table of the model a plan is for: what must match when the plan is loaded.
@@ -38,6 +43,8 @@ class TableFingerprint:
             knew it (None: not recorded). Not matched against a model (wrappers move paths):
             where the loader shards the table when given no model, and which collectives it
             shares (each collection runs its own).
+        data_type: its weights' type (TorchRec's DataType, lower case: "fp32", "fp16", ...):
+            what the plan's memory was counted in.
     """
 
     name: str
@@ -46,6 +53,7 @@ class TableFingerprint:
     feature_names: tuple[str, ...]
     sequence: bool = False
     module: str | None = None
+    data_type: str = "fp32"
 
     @classmethod
     def from_any(cls, t: TableFingerprint | dict[str, Any]) -> TableFingerprint:
@@ -53,8 +61,8 @@ class TableFingerprint:
 
         Args:
             t: a fingerprint, or a dict with `name`, `num_embeddings`, `embedding_dim` and optional
-                `feature_names` (default: the table's name), `sequence` (default: false) and
-                `module` (default: None).
+                `feature_names` (default: the table's name), `sequence` (default: false),
+                `module` (default: None) and `data_type` (default: "fp32").
         Returns:
             The fingerprint, sizes as Python ints.
         Raises:
@@ -69,6 +77,7 @@ class TableFingerprint:
             feature_names=tuple(t.get("feature_names") or (t["name"],)),
             sequence=bool(t.get("sequence", False)),
             module=t.get("module"),
+            data_type=str(t.get("data_type") or "fp32"),
         )
 
 

@@ -37,6 +37,7 @@ class TableMeta:
     # a FeatureProcessedEmbeddingBagCollection's table: its feature processors (e.g. position
     # weights) read the model's own features, so no split can rename them
     feature_processed: bool = False
+    data_type: str = "fp32"  # its weights' TorchRec DataType, lower case
 
 
 @dataclass
@@ -124,6 +125,7 @@ def table_metas(
                     pooling_type=getattr(pooling, "name", "NONE"),
                     module=clean_path(path),
                     feature_processed=clean_path(path) in (processed or set()),
+                    data_type=getattr(getattr(c, "data_type", None), "name", "FP32").lower(),
                 )
             )
     return metas

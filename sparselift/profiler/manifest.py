@@ -5,8 +5,8 @@ Format "sparselift-profile", version 1. Keys (all always present; unknown values
   command, workload, world_size, local_world_size, device, gpu (rank 0's CUDA device name),
   backend, batch_size,
   warmup, profiled_steps[], tables[{name, num_embeddings, embedding_dim, feature_names, pooling,
-  pooling_factor, zipf_alpha, pooling_type, module, feature_processed, zipf_alpha_fitted,
-  hot_ids}],
+  pooling_factor, zipf_alpha, pooling_type, module, feature_processed, data_type,
+  zipf_alpha_fitted, hot_ids}],
   sharding[{table, module, sharding_type, compute_kernel, ranks, shards[{rank, offsets, sizes}],
   cache_load_factor}], pipeline, step_times_s[rank][step], peak_memory_bytes[rank],
   files{traces[], execution_traces[], access_stats, hot_ids}, errors[], steady_step_s[].
@@ -249,6 +249,7 @@ def table_entries(
                 pooling_type=m.pooling_type,
                 module=m.module,
                 feature_processed=m.feature_processed,
+                data_type=m.data_type,
                 zipf_alpha_fitted=(fitted or {}).get(m.name),
                 hot_ids=(hot or {}).get(m.name),
             )

@@ -16,12 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from sparselift.workloads.spec import WorkloadSpec
+from sparselift.workloads.spec import TableSpec, WorkloadSpec
 
 META = torch.device("meta")
 
@@ -29,30 +29,22 @@ META = torch.device("meta")
 def table_configs(spec: WorkloadSpec) -> list[EmbeddingBagConfig]:
     """TorchRec's EmbeddingBagConfig of every pooled (not sequence) table of `spec`, in table
     order."""
-    return [
-        EmbeddingBagConfig(
-            name=t.name,
-            embedding_dim=t.embedding_dim,
-            num_embeddings=t.num_embeddings,
-            feature_names=list(t.features),
-        )
-        for t in spec.tables
-        if not t.sequence
-    ]
+    return [_config(EmbeddingBagConfig, t) for t in spec.tables if not t.sequence]
 
 
 def sequence_configs(spec: WorkloadSpec) -> list[EmbeddingConfig]:
     """TorchRec's EmbeddingConfig of every sequence table of `spec`, in table order."""
-    return [
-        EmbeddingConfig(
-            name=t.name,
-            embedding_dim=t.embedding_dim,
-            num_embeddings=t.num_embeddings,
-            feature_names=list(t.features),
-        )
-        for t in spec.tables
-        if t.sequence
-    ]
+    return [_config(EmbeddingConfig, t) for t in spec.tables if t.sequence]
+
+
+def _config(cls: Any, t: TableSpec) -> Any:
+    return cls(
+        name=t.name,
+        embedding_dim=t.embedding_dim,
+        num_embeddings=t.num_embeddings,
+        feature_names=list(t.features),
+        data_type=DataType[t.data_type.upper()],
+    )
 
 
 def sequence_mean(jt: JaggedTensor) -> torch.Tensor:

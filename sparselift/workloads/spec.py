@@ -9,8 +9,6 @@ here rather than failing inside a later stage.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -18,11 +16,21 @@ from typing import Any
 
 from sparselift.errors import UserError
 from sparselift.plans.types import MAX_EMBEDDING_DIM, MAX_NUM_EMBEDDINGS
+from sparselift.workloads.spec_values import (
+    format_limit,
+    get,
+    integer,
+    load_json,
+    name_of,
+    number,
+    shown,
+)
 
 ARCHS = ("dlrm", "dlrm-dcn", "concat-mlp")
 # where the harness's model (`models.build_model`) keeps a spec's sequence tables
 SEQUENCE_COLLECTION = "model.embedding_collection"
 POOLINGS = ("fixed", "poisson")
+DATA_TYPES = ("fp32", "fp16")  # the weight types FBGEMM's kernels train
 
 # Limits of a spec's numbers (docs/WORKLOADS.md says them; `sparselift workloads --format` too).
 MAX_BATCH_SIZE = 2**24  # samples per rank per step
@@ -44,6 +52,7 @@ class TableSpec:
     zipf_alpha: float = 0.0
     feature_names: tuple[str, ...] = ()
     sequence: bool = False  # an EmbeddingCollection's table: one embedding per id, not pooled
+    data_type: str = "fp32"  # its weights' type (TorchRec's DataType, lower case)
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -102,6 +111,7 @@ class WorkloadSpec:
                 embedding_dim=t.embedding_dim,
                 feature_names=list(t.features),
                 **({"sequence": True} if t.sequence else {}),
+                **({"data_type": t.data_type} if t.data_type != "fp32" else {}),
             )
             for t in self.tables
         ]
@@ -118,6 +128,8 @@ class WorkloadSpec:
                 t["feature_names"] = list(t["feature_names"])
             if not t["sequence"]:
                 t.pop("sequence")
+            if t["data_type"] == "fp32":
+                t.pop("data_type")
         d["model"]["dense_arch"] = list(d["model"]["dense_arch"])
         d["model"]["over_arch"] = list(d["model"]["over_arch"])
         return d
@@ -143,7 +155,7 @@ def load_workload(name_or_path: str | Path) -> WorkloadSpec:
     if text_path in builtin_names():
         res = resources.files(__package__).joinpath("builtin", f"{text_path}.json")
         where = f"built-in workload {text_path}"
-        return parse_workload(_load_json(res.read_text(), where), text_path)
+        return parse_workload(load_json(res.read_text(), where), text_path)
     path = Path(text_path)
     if not path.is_file():
         raise UserError(
@@ -154,88 +166,7 @@ def load_workload(name_or_path: str | Path) -> WorkloadSpec:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read the workload spec ({type(e).__name__})") from None
-    return parse_workload(_load_json(text, str(path)), str(path))
-
-
-def _load_json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(
-            f"{where}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"
-        ) from None
-    except ValueError as e:  # e.g. an integer of thousands of digits
-        raise UserError(f"{where}: unreadable JSON: {str(e).split(';')[0]}") from None
-
-
-def _get(d: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    """`d[key]`, which must be of `kind` (never a bool); UserError naming `where` otherwise."""
-    if key not in d:
-        raise UserError(f"{where}: missing key {key!r}")
-    v = d[key]
-    if isinstance(v, bool) or not isinstance(v, kind):
-        raise UserError(f"{where}: {key!r} must be {_kind_name(kind)}, got {_shown(v)}")
-    return v
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    if kind == (int, float):
-        return "a number"
-    names = {
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "an object",
-    }
-    return " or ".join(names[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
-
-
-def _shown(v: Any) -> str:
-    """A value for a message, short even when it is an integer of hundreds of digits."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        text = f"{v:,}"
-        return text if len(text) <= 40 else f"an integer of {len(str(abs(v)))} digits"
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def format_limit(n: int) -> str:
-    """An integer limit for people: "64", "65,536 (2^16)"."""
-    is_power_of_two = n >= 1024 and n & (n - 1) == 0
-    return f"{n:,} (2^{n.bit_length() - 1})" if is_power_of_two else f"{n:,}"
-
-
-def _integer(d: dict[str, Any], key: str, where: str, high: int, default: int | None = None) -> int:
-    """`d[key]` as an integer in 1..high (`default` when absent, if given)."""
-    if key not in d and default is not None:
-        return default
-    v = _get(d, key, int, where)
-    if not 1 <= v <= high:
-        raise UserError(
-            f"{where}: {key} must be an integer in 1..{format_limit(high)}, got {_shown(v)}"
-        )
-    return v
-
-
-def _number(
-    d: dict[str, Any], key: str, where: str, low: float, high: float, default: float
-) -> float:
-    """`d[key]` as a finite number in low..high (`default` when absent)."""
-    if key not in d:
-        return default
-    raw = _get(d, key, (int, float), where)
-    v = float(raw) if -high <= raw <= high else math.inf  # an int too large for a float: inf
-    if not (math.isfinite(v) and low <= v <= high):
-        raise UserError(f"{where}: {key} must be a number in {low:g}..{high:g}, got {_shown(raw)}")
-    return v
-
-
-def _name(d: dict[str, Any], key: str, where: str) -> str:
-    v = _get(d, key, str, where)
-    if not v:
-        raise UserError(f"{where}: {key!r} must be a non-empty string")
-    return v
+    return parse_workload(load_json(text, str(path)), str(path))
 
 
 def parse_workload(d: Any, source: str) -> WorkloadSpec:
@@ -249,12 +180,12 @@ def parse_workload(d: Any, source: str) -> WorkloadSpec:
     """
     if not isinstance(d, dict):
         raise UserError(f"{source}: a workload spec must be a JSON object")
-    name = _name(d, "name", source)
-    description = _get(d, "description", str, source) if "description" in d else ""
-    batch_size = _integer(d, "batch_size", source, MAX_BATCH_SIZE)
-    dense_in = _integer(d, "dense_in_features", source, MAX_FEATURES)
-    model = _parse_model(_get(d, "model", dict, source), f"{source}: model")
-    raw_tables = _get(d, "tables", list, source)
+    name = name_of(d, "name", source)
+    description = get(d, "description", str, source) if "description" in d else ""
+    batch_size = integer(d, "batch_size", source, MAX_BATCH_SIZE)
+    dense_in = integer(d, "dense_in_features", source, MAX_FEATURES)
+    model = _parse_model(get(d, "model", dict, source), f"{source}: model")
+    raw_tables = get(d, "tables", list, source)
     if not raw_tables:
         raise UserError(f"{source}: the workload has no tables")
     tables = tuple(_parse_table(t, i, source) for i, t in enumerate(raw_tables))
@@ -293,12 +224,12 @@ def parse_workload(d: Any, source: str) -> WorkloadSpec:
 
 def _parse_model(m: dict[str, Any], where: str) -> ModelSpec:
     source = where.removesuffix(": model")
-    arch = _get(m, "arch", str, where)
+    arch = get(m, "arch", str, where)
     if arch not in ARCHS:
         raise UserError(f"{source}: model.arch {arch!r} is not one of {', '.join(ARCHS)}")
     layers = {}
     for key in ("dense_arch", "over_arch"):
-        sizes = _get(m, key, list, where)
+        sizes = get(m, key, list, where)
         if not sizes or not all(
             isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= MAX_FEATURES for s in sizes
         ):
@@ -317,15 +248,15 @@ def _parse_model(m: dict[str, Any], where: str) -> ModelSpec:
             f"got {list(layers['over_arch'])}"
         )
     interaction = (
-        _get(m, "interaction", str, where)
+        get(m, "interaction", str, where)
         if "interaction" in m
         else ("dcn" if arch == "dlrm-dcn" else "dot")
     )
     return ModelSpec(
         arch=arch,
         interaction=interaction,
-        dcn_num_layers=_integer(m, "dcn_num_layers", where, MAX_DCN_LAYERS, 3),
-        dcn_low_rank_dim=_integer(m, "dcn_low_rank_dim", where, MAX_FEATURES, 512),
+        dcn_num_layers=integer(m, "dcn_num_layers", where, MAX_DCN_LAYERS, 3),
+        dcn_low_rank_dim=integer(m, "dcn_low_rank_dim", where, MAX_FEATURES, 512),
         **layers,
     )
 
@@ -334,29 +265,32 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
     where = f"{source}: table #{i}"
     if not isinstance(t, dict):
         raise UserError(f"{where} must be an object")
-    name = _name(t, "name", where)
+    name = name_of(t, "name", where)
     where = f"{source}: table {name!r}"
     _check_table_name(name, where)
-    rows = _integer(t, "num_embeddings", where, MAX_NUM_EMBEDDINGS)
-    dim = _integer(t, "embedding_dim", where, MAX_EMBEDDING_DIM)
+    rows = integer(t, "num_embeddings", where, MAX_NUM_EMBEDDINGS)
+    dim = integer(t, "embedding_dim", where, MAX_EMBEDDING_DIM)
     if dim % 4:
         raise UserError(
             f"{where}: embedding_dim must be a multiple of 4 (FBGEMM's kernels, which TorchRec "
             f"shards tables with, need it), got {dim}"
         )
-    pf = _number(t, "pooling_factor", where, 1.0, MAX_POOLING_FACTOR, 1.0)
-    pooling = _get(t, "pooling", str, where) if "pooling" in t else "fixed"
+    pf = number(t, "pooling_factor", where, 1.0, MAX_POOLING_FACTOR, 1.0)
+    pooling = get(t, "pooling", str, where) if "pooling" in t else "fixed"
     if pooling not in POOLINGS:
         raise UserError(f"{where}: pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
     if pooling == "fixed" and pf != int(pf):
         raise UserError(f"{where}: fixed pooling needs an integer pooling_factor, got {pf}")
-    alpha = _number(t, "zipf_alpha", where, 0.0, MAX_ZIPF_ALPHA, 0.0)
-    features = tuple(_get(t, "feature_names", list, where) if "feature_names" in t else [])
+    alpha = number(t, "zipf_alpha", where, 0.0, MAX_ZIPF_ALPHA, 0.0)
+    features = tuple(get(t, "feature_names", list, where) if "feature_names" in t else [])
     if not all(isinstance(f, str) and f for f in features):
         raise UserError(f"{where}: feature_names must be a list of non-empty strings")
     sequence = t.get("sequence", False)
     if not isinstance(sequence, bool):
-        raise UserError(f"{where}: 'sequence' must be true or false, got {_shown(sequence)}")
+        raise UserError(f"{where}: 'sequence' must be true or false, got {shown(sequence)}")
+    data_type = get(t, "data_type", str, where) if "data_type" in t else "fp32"
+    if data_type not in DATA_TYPES:
+        raise UserError(f"{where}: data_type {data_type!r} is not one of {', '.join(DATA_TYPES)}")
     return TableSpec(
         name=name,
         num_embeddings=rows,
@@ -366,6 +300,7 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
         zipf_alpha=alpha,
         feature_names=features,
         sequence=sequence,
+        data_type=data_type,
     )
 
 

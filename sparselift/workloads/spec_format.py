@@ -71,6 +71,8 @@ rule below is refused in one line that names the file and the table, before anyt
   the EmbeddingBagCollection that pools each feature's ids; `concat-mlp` only. TorchRec shards it
   table-, column-, row-wise or data-parallel, and SparseLift never splits it. Sequence tables
   share one `embedding_dim` (an EmbeddingCollection holds tables of one dim).
+- `data_type` (one of `fp32`, `fp16`; default `fp32`): the type of the table's weights, which
+  its memory is counted in (the optimizer state stays one fp32 value per row).
 
 The limits are far beyond today's models ({max_rows_short} rows, {max_dim_short} columns per
 table): they keep every byte and id count SparseLift derives within a 64-bit integer, so that a
