@@ -21,17 +21,24 @@ def read_json(path: str | Path, what: str) -> Any:
     """Decoded JSON of `path`; UserError if it is missing, unreadable or malformed."""
     p = Path(path)
     try:
-        return json.loads(p.read_text())
+        text = p.read_text()
     except FileNotFoundError:
         raise UserError(f"{p}: {what} not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{p}: cannot read {what} ({e.__class__.__name__})") from None
+    return loads(text, str(p))
+
+
+def loads(text: str, where: str) -> Any:
+    """Decoded JSON of `text`; UserError naming `where` (and the line) if it is malformed."""
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(
-            f"{p}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"
+            f"{where}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"
         ) from None
     except ValueError as e:  # e.g. an integer of thousands of digits
-        raise UserError(f"{p}: unreadable JSON: {str(e).split(';')[0]}") from None
+        raise UserError(f"{where}: unreadable JSON: {str(e).split(';')[0]}") from None
 
 
 def read_versioned(path: str | Path, fmt: str, version: int, what: str) -> dict[str, Any]:

@@ -15,16 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from sparselift.errors import UserError
+from sparselift.jsonfile import loads
 from sparselift.plans.types import MAX_EMBEDDING_DIM, MAX_NUM_EMBEDDINGS
-from sparselift.workloads.spec_values import (
-    format_limit,
-    get,
-    integer,
-    load_json,
-    name_of,
-    number,
-    shown,
-)
+from sparselift.workloads.spec_values import format_limit, get, integer, name_of, number, shown
 
 ARCHS = ("dlrm", "dlrm-dcn", "concat-mlp")
 # where the harness's model (`models.build_model`) keeps a spec's sequence tables
@@ -155,7 +148,7 @@ def load_workload(name_or_path: str | Path) -> WorkloadSpec:
     if text_path in builtin_names():
         res = resources.files(__package__).joinpath("builtin", f"{text_path}.json")
         where = f"built-in workload {text_path}"
-        return parse_workload(load_json(res.read_text(), where), text_path)
+        return parse_workload(loads(res.read_text(), where), text_path)
     path = Path(text_path)
     if not path.is_file():
         raise UserError(
@@ -166,7 +159,7 @@ def load_workload(name_or_path: str | Path) -> WorkloadSpec:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read the workload spec ({type(e).__name__})") from None
-    return parse_workload(load_json(text, str(path)), str(path))
+    return parse_workload(loads(text, str(path)), str(path))
 
 
 def parse_workload(d: Any, source: str) -> WorkloadSpec:

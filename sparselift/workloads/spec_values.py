@@ -3,22 +3,10 @@ the table and the key (`spec.parse_workload` reads every key through them)."""
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from sparselift.errors import UserError
-
-
-def load_json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(
-            f"{where}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"
-        ) from None
-    except ValueError as e:  # e.g. an integer of thousands of digits
-        raise UserError(f"{where}: unreadable JSON: {str(e).split(';')[0]}") from None
 
 
 def get(d: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
