@@ -148,6 +148,14 @@ def test_another_models_profile_is_refused_naming_the_tables(made, tmp_path, cli
     code, _, err = cli("plan", "check", str(path), "--profile", str(resized))
     assert code == 2 and err.count("\n") == 1
     assert "sized otherwise" in err and "t5 (50000x32 in the plan, 777x32 profiled)" in err
+    retyped = tmp_path / "retyped"  # the same tables, one of fp16 weights now
+    shutil.copytree(prof, retyped)
+    manifest = json.loads((prof / "manifest.json").read_text())
+    next(t for t in manifest["tables"] if t["name"] == "t2")["data_type"] = "fp16"
+    (retyped / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = cli("plan", "check", str(path), "--profile", str(retyped))
+    assert code == 2 and err.count("\n") == 1
+    assert "weights are of another type" in err and "t2 (fp32 in the plan, fp16 profiled)" in err
 
 
 @pytest.mark.parametrize(

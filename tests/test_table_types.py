@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.modules.embedding_configs import DataType
 
 from sparselift import plans
+from sparselift.analysis.compare import check_same_job
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.cost_model import CostModel
@@ -113,3 +116,17 @@ def test_a_spec_table_of_fp16_weights_is_built_and_planned_so():
     d["tables"][0]["data_type"] = "int8"
     with pytest.raises(UserError, match="table 't0': data_type 'int8' is not one of fp32, fp16"):
         parse_workload(d, "spec.json")
+
+
+def test_profiles_of_a_table_in_two_weight_types_are_of_different_jobs(tmp_path):
+    fixture = Path(__file__).parent / "fixtures" / "profile_tiny_table_wise"
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(fixture, a)
+    shutil.copytree(fixture, b)
+    check_same_job(a, b)  # the same job
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest["tables"][0]["data_type"] = "fp16"
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match=r"table 't0': \(rows, dim, features, weights\)") as e:
+        check_same_job(a, b)
+    assert "'fp32') vs" in str(e.value) and "'fp16')" in str(e.value)

@@ -150,8 +150,8 @@ def steady_steps(profile: str | Path) -> SteadySteps:
 
 
 def check_same_job(baseline: str | Path, candidate: str | Path) -> None:
-    """Refuse two profiles of different jobs: the model's tables, batch size or world size
-    differ. A split plan's profile is of its model's tables (the manifest's `model_tables`), not
+    """Refuse two profiles of different jobs: the model's tables (rows, dim, features, weight
+    type), batch size or world size differ. A split plan's profile is of its model's tables (the manifest's `model_tables`), not
     of the virtual tables it sharded.
 
     Raises:
@@ -165,6 +165,7 @@ def check_same_job(baseline: str | Path, candidate: str | Path) -> None:
                 t.get("num_embeddings"),
                 t.get("embedding_dim"),
                 tuple(t.get("feature_names") or ()),
+                t.get("data_type") or "fp32",
             )
             for t in m.get("model_tables") or m.get("tables") or []
         }
@@ -181,7 +182,7 @@ def check_same_job(baseline: str | Path, candidate: str | Path) -> None:
     if diff is None:
         name = next((n for n in sorted(ta) if ta[n] != tb[n]), None)
         if name is not None:
-            diff = f"table {name!r}: (rows, dim, features) {ta[name]} vs {tb[name]}"
+            diff = f"table {name!r}: (rows, dim, features, weights) {ta[name]} vs {tb[name]}"
     if diff is not None:
         raise UserError(f"{baseline} and {candidate} are profiles of different jobs: {diff}")
 

@@ -112,11 +112,12 @@ def drifts(
 
 
 def same_tables(plan: plans.Plan, stats: list[TableStats], profile: str) -> None:
-    """Refuse a profile of another model: other table names, or other sizes of the same tables.
+    """Refuse a profile of another model: other table names, or other sizes or weight types of
+    the same tables.
 
     Raises:
         UserError: one line naming the first tables missing from the profile and not in the plan,
-            or the first tables whose rows or dim differ.
+            or the first tables whose rows or dim differ, or whose weight types do.
     """
     ours = {t.name: t for t in plan.model}
     theirs = {s.name: s for s in stats}
@@ -144,6 +145,16 @@ def same_tables(plan: plans.Plan, stats: list[TableStats], profile: str) -> None
     if resized:
         raise UserError(
             f"{profile}: tables sized otherwise than in {plan.source}: {_first(resized)}"
+        )
+    retyped = [
+        f"{n} ({ours[n].data_type} in the plan, {theirs[n].data_type} profiled)"
+        for n in ours
+        if ours[n].data_type != theirs[n].data_type
+    ]
+    if retyped:
+        raise UserError(
+            f"{profile}: tables whose weights are of another type than in {plan.source}: "
+            f"{_first(retyped)}"
         )
 
 
