@@ -19,6 +19,7 @@ from sparselift.analysis.compare import check_same_job
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.profile_input import plan_in_force
 from sparselift.optimizer.space import FUSED, TW, OptionClass
 from sparselift.optimizer.table_stats import TableStats, stats_from_spec
 from sparselift.optimizer.topology import preset
@@ -130,3 +131,12 @@ def test_profiles_of_a_table_in_two_weight_types_are_of_different_jobs(tmp_path)
     with pytest.raises(UserError, match=r"table 't0': \(rows, dim, features, weights\)") as e:
         check_same_job(a, b)
     assert "'fp32') vs" in str(e.value) and "'fp16')" in str(e.value)
+
+
+def test_the_plan_a_profile_ran_keeps_its_tables_weight_types():
+    fixture = Path(__file__).parent / "fixtures" / "profile_tiny_table_wise"
+    manifest = json.loads((fixture / "manifest.json").read_text())
+    manifest["tables"][0]["data_type"] = "fp16"
+    plan = plan_in_force(manifest)
+    assert plan is not None  # what optimize keeps when nothing beats it: the model must take it
+    assert [t.data_type for t in plan.model[:2]] == ["fp16", "fp32"]

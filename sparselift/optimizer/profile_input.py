@@ -123,6 +123,12 @@ def plan_in_force(manifest: dict[str, Any]) -> plans.Plan | None:
                     },
                     # an EmbeddingCollection's table: the profiler's pooling_type, the plan's flag
                     **({"sequence": True} if is_sequence_table(t) else {}),
+                    # its weights' type where not fp32 (what the loader matches the model on)
+                    **(
+                        {"data_type": t["data_type"]}
+                        if t.get("data_type", "fp32") != "fp32"
+                        else {}
+                    ),
                     # where its collection is (a split plan's sharded paths are its stand-ins')
                     **({} if splits else _module_of(sharding.get(t.get("name")))),
                 }
