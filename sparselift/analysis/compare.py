@@ -151,8 +151,8 @@ def steady_steps(profile: str | Path) -> SteadySteps:
 
 def check_same_job(baseline: str | Path, candidate: str | Path) -> None:
     """Refuse two profiles of different jobs: the model's tables (rows, dim, features, weight
-    type), batch size or world size differ. A split plan's profile is of its model's tables (the manifest's `model_tables`), not
-    of the virtual tables it sharded.
+    type), batch size or world size differ. A split plan's profile is of its model's tables
+    (the manifest's `model_tables`), not of the virtual tables it sharded.
 
     Raises:
         UserError: one line naming both profiles and the first difference.

@@ -209,9 +209,8 @@ def call_samples(nodes: pd.DataFrame, world_size: int, transfer: bool = True) ->
         also `wait` (main-thread wait), `transfer` (the collectives' transfer time, for the
         overlap share), `n_calls` (the sample's calls: the collections whose nodes of the group
         it adds up, at least 1), `calls` (the step's calls of that kind) and, for lookups, the
-        parts of
-        x (`ids`, `unique`, `bag_elems`: 0 where the nodes do not carry them). Sums add the nodes
-        in node order, as `Series.sum` does.
+        parts of x (`ids`, `unique`, `bag_elems`: 0 where the nodes do not carry them). Sums add
+        the nodes in node order, as `Series.sum` does.
     """
     n = nodes[nodes["kind"].isin((*LOOKUPS, *DIST))]
     rows: list[dict[str, Any]] = []

@@ -6,8 +6,8 @@ pooled output is permuted into the module's. The calls are traced and fitted per
 framework work around them is not, so it stays in each profile's dense residual (what the step
 leaves once the modelled sparse path is taken out). Profiles of one job that run different
 numbers of model-parallel sharding types measure it: how the residual grows per type (per type
-in each collection: each collection runs its types apart). The
-optimizer prices it with each type's fixed costs (`Coefficients.type_overhead_s`).
+in each collection: each collection runs its types apart). The optimizer prices it with each
+type's fixed costs (`Coefficients.type_overhead_s`).
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ importing it: the counts are made for thousands of tables). `torchrec_referee.st
 runs TorchRec's own code on whole plans; the tests hold the two to the same bytes.
 
 What is replicated (torchrec 1.8), for the planner as `torchrec_baseline` runs it (an
-EmbeddingBagCollection of tables of their weight types, one ParameterConstraints per table with its
-pooling factors,
-the default estimators and `HeuristicalStorageReservation(0.15)`):
+EmbeddingBagCollection of tables of their weight types, one ParameterConstraints per table with
+its pooling factors, the default estimators and `HeuristicalStorageReservation(0.15)`):
 - per shard: `torchrec.distributed.planner.shard_estimators.calculate_shard_storages`: the
   shard's share of the weights (no optimizer state: the planner's tensors carry no optimizer
   class), UVM caching's cache (load factor × weights) and its auxiliary state

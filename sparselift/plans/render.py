@@ -42,7 +42,7 @@ def _shards(t: TablePlan) -> str:
     )
 
 
-def rank_elements(plan: Plan) -> list[dict[str, int]]:
+def rank_elements(plan: Plan) -> list[dict[str, Any]]:
     """Per rank: tables touched, embedding elements held (rows × cols summed over its shards)
     and the bytes they take (each table's `data_type`).
 

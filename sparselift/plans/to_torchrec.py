@@ -315,7 +315,6 @@ class SparseLiftPlanLoader(PlanLoader):
         self._plan = plan
         self._paths = _table_paths(plan, model)
         self._fingerprints = {t.name: t for t in plan.sharded_tables()}
-        self._fingerprints = {t.name: t for t in plan.sharded_tables()}
 
     def get_plan_id(self) -> str:
         """The plan's source file, as TorchRec's planner logs it."""
