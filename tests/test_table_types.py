@@ -21,7 +21,7 @@ from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.profile_input import plan_in_force
 from sparselift.optimizer.space import FUSED, TW, OptionClass
-from sparselift.optimizer.table_stats import TableStats, stats_from_spec
+from sparselift.optimizer.table_stats import TableStats, stats_from_profile, stats_from_spec
 from sparselift.optimizer.topology import preset
 from sparselift.plans.render import rank_elements
 from sparselift.plans.to_torchrec import model_tables
@@ -140,3 +140,15 @@ def test_the_plan_a_profile_ran_keeps_its_tables_weight_types():
     plan = plan_in_force(manifest)
     assert plan is not None  # what optimize keeps when nothing beats it: the model must take it
     assert [t.data_type for t in plan.model[:2]] == ["fp16", "fp32"]
+
+
+def test_a_profiled_weight_type_sparselift_does_not_know_is_refused_naming_the_table(tmp_path):
+    prof = tmp_path / "prof"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "profile_tiny_table_wise", prof)
+    manifest = json.loads((prof / "manifest.json").read_text())
+    manifest["tables"][3]["data_type"] = "fp4"
+    (prof / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        UserError, match=r"table 't3' holds weights of type 'fp4', which SparseLift"
+    ):
+        stats_from_profile(prof)

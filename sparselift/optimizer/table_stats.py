@@ -129,8 +129,15 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
     data_types = {
         t["name"]: t["data_type"]
         for t in manifest.get("tables") or []
-        if isinstance(t, dict) and t.get("data_type") in WEIGHT_BYTES
+        if isinstance(t, dict) and "data_type" in t
     }
+    unknown = {n: d for n, d in data_types.items() if d not in WEIGHT_BYTES}
+    if unknown:
+        name, dt = next(iter(unknown.items()))
+        raise UserError(
+            f"{profile_dir}: table {name!r} holds weights of type {dt!r}, which SparseLift does "
+            f"not know (known: {', '.join(WEIGHT_BYTES)})"
+        )
     out = []
     order = list(dict.fromkeys(df["table"]))
     for name in order:

@@ -22,9 +22,9 @@ MAX_EMBEDDING_DIM = 2**16  # columns of one table
 MAX_WORLD_SIZE = 2**16  # ranks
 
 
-# bytes an element of a table's weights takes, by TorchRec DataType (lower case)
-WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "uint8": 1.0}
-WEIGHT_BYTES |= {"int4": 0.5, "int2": 0.25}
+# bytes an element of a table's weights takes, by TorchRec DataType (lower case; all of them)
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int64": 8.0, "int32": 4.0, "int8": 1.0}
+WEIGHT_BYTES |= {"uint8": 1.0, "int4": 0.5, "int2": 0.25, "nfp8": 1.0}
 
 
 @dataclass(frozen=True)
