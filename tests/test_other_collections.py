@@ -874,7 +874,7 @@ def test_a_spec_with_a_sequence_table_and_fp16_weights_is_profiled_planned_and_m
     assert main(["profile", *w, "--out", str(prof), "--warmup", "2", "--steps", "2"]) == 0
     manifest = json.loads((prof / "manifest.json").read_text())
     assert {(e["table"], e["module"]) for e in manifest["sharding"]} == {
-        ("history", "model.embedding_collection"),
+        ("history", "model.embedding_collections.dim16"),
         ("user", "model.embedding_bag_collection"),
         ("item", "model.embedding_bag_collection"),
     }
@@ -887,7 +887,7 @@ def test_a_spec_with_a_sequence_table_and_fp16_weights_is_profiled_planned_and_m
     assert main(["optimize", "--profile", str(prof), "--out", str(plan)]) == 0
     written = {t["name"]: t for t in json.loads(plan.read_text())["model"]["tables"]}
     history = written["history"]
-    assert history["sequence"] is True and history["module"] == "model.embedding_collection"
+    assert history["sequence"] is True and history["module"] == "model.embedding_collections.dim16"
     assert written["user"]["data_type"] == "fp16" and "data_type" not in written["item"]
     assert main(["plan", "validate", str(plan), *w]) == 0
     capsys.readouterr()
@@ -901,4 +901,5 @@ def test_a_spec_with_a_sequence_table_and_fp16_weights_is_profiled_planned_and_m
         == 0
     )
     out = capsys.readouterr().out
-    assert "model.embedding_collection" in out and "None" not in out.split("collectives:")[1]
+    assert "model.embedding_collections.dim16" in out
+    assert "None" not in out.split("collectives:")[1]

@@ -16,7 +16,7 @@ from sparselift.workloads import load_workload
 from sparselift.workloads.batches import SyntheticBatches
 from sparselift.workloads.criteo import criteo_batches, day_files
 from sparselift.workloads.models import build_model, sequence_mean
-from sparselift.workloads.spec import SEQUENCE_COLLECTION, parse_workload
+from sparselift.workloads.spec import parse_workload, sequence_collection
 
 
 @pytest.mark.parametrize("arch", ["dlrm", "dlrm-dcn", "concat-mlp", "concat-mlp+sequence"])
@@ -26,7 +26,7 @@ def test_every_arch_learns_a_step(arch):
     if arch.startswith("concat-mlp"):  # mixed dims are what concat-mlp is for
         tables = tuple(
             dataclasses.replace(
-                t, embedding_dim=8 * (1 + i % 3), sequence=arch.endswith("e") and i % 3 == 0
+                t, embedding_dim=8 * (1 + i % 3), sequence=arch.endswith("e") and i < 2
             )
             for i, t in enumerate(tables)
         )
@@ -52,6 +52,7 @@ def test_sequence_tables_live_in_an_embedding_collection_and_are_averaged_per_sa
     d = load_workload("tiny").to_dict()
     d["model"]["arch"] = "concat-mlp"
     d["tables"][1]["sequence"] = True
+    d["tables"][4].update(sequence=True, embedding_dim=16)  # another dim: its own collection
     spec = parse_workload(d, "seq.json")
     model = build_model(spec, embedding_device=torch.device("cpu"))
     collections = {
@@ -59,10 +60,12 @@ def test_sequence_tables_live_in_an_embedding_collection_and_are_averaged_per_sa
         for name, m in model.named_modules()
         if isinstance(m, (EmbeddingCollection, EmbeddingBagCollection))
     }
-    # where the optimizer's what-if statistics say the sequence table is
-    assert collections[SEQUENCE_COLLECTION] == ["t1"]
+    # where the optimizer's what-if statistics say the sequence tables are
+    assert collections[sequence_collection(32)] == ["t1"]
+    assert collections[sequence_collection(16)] == ["t4"]
     stats = {s.name: s for s in stats_from_spec(spec)}
-    assert stats["t1"].sequence and stats["t1"].collection == SEQUENCE_COLLECTION
+    assert stats["t1"].sequence and stats["t1"].collection == sequence_collection(32)
+    assert stats["t4"].collection == sequence_collection(16)
     assert not stats["t0"].sequence and stats["t0"].collection is None
     values = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 9.0]])
     jt = JaggedTensor(values=values, lengths=torch.tensor([2, 0, 1]))

@@ -95,14 +95,6 @@ def _tiny_dict():
             "use arch concat-mlp",
         ),
         (lambda d: d["tables"][2].update(sequence="yes"), "'sequence' must be true or false"),
-        (
-            lambda d: (
-                d["model"].update(arch="concat-mlp"),
-                d["tables"][2].update(sequence=True),
-                d["tables"][3].update(sequence=True, embedding_dim=16),
-            ),
-            "sequence tables 't2' and 't3' differ in embedding_dim",
-        ),
     ],
 )
 def test_bad_specs_are_refused_with_the_table_named(mutate, needle):

@@ -18,7 +18,7 @@ from sparselift.errors import UserError
 from sparselift.kernels import expected_unique, expected_unique_past, zipf_share
 from sparselift.plans.types import WEIGHT_BYTES
 from sparselift.profile_manifest import is_sequence_table
-from sparselift.workloads.spec import SEQUENCE_COLLECTION, WorkloadSpec
+from sparselift.workloads.spec import WorkloadSpec, sequence_collection
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def stats_from_spec(spec: WorkloadSpec) -> list[TableStats]:
             zipf_alpha=t.zipf_alpha,
             feature_names=tuple(t.features),
             sequence=t.sequence,
-            collection=SEQUENCE_COLLECTION if t.sequence else None,
+            collection=sequence_collection(t.embedding_dim) if t.sequence else None,
             data_type=t.data_type,
         )
         for t in spec.tables

@@ -4,9 +4,9 @@ and sequence tables.
 Every builder returns a module whose forward takes a `torchrec.datasets.utils.Batch` and returns
 `(loss, (loss, logits, labels))` — the contract TorchRec's train pipelines expect. Embedding tables
 are created on the `meta` device so that DistributedModelParallel materializes only each rank's
-shards. A spec's sequence tables live in an EmbeddingCollection (one embedding per id, as a
-sequence model's history features), which only `concat-mlp` has: it averages each sequence
-feature's embeddings per sample.
+shards. A spec's sequence tables live in EmbeddingCollections (one embedding per id, as a
+sequence model's history features; one collection per dim, as TorchRec's holds tables of one
+dim), which only `concat-mlp` has: it averages each sequence feature's embeddings per sample.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from sparselift.workloads.spec import TableSpec, WorkloadSpec
+from sparselift.workloads.spec import TableSpec, WorkloadSpec, sequence_collection_name
 
 META = torch.device("meta")
 
@@ -32,9 +32,14 @@ def table_configs(spec: WorkloadSpec) -> list[EmbeddingBagConfig]:
     return [_config(EmbeddingBagConfig, t) for t in spec.tables if not t.sequence]
 
 
-def sequence_configs(spec: WorkloadSpec) -> list[EmbeddingConfig]:
-    """TorchRec's EmbeddingConfig of every sequence table of `spec`, in table order."""
-    return [_config(EmbeddingConfig, t) for t in spec.tables if t.sequence]
+def sequence_configs(spec: WorkloadSpec) -> dict[int, list[EmbeddingConfig]]:
+    """TorchRec's EmbeddingConfig of every sequence table of `spec` by embedding dim (sorted),
+    each dim's in table order."""
+    dims = sorted({t.embedding_dim for t in spec.tables if t.sequence})
+    return {
+        d: [_config(EmbeddingConfig, t) for t in spec.tables if t.sequence and t.embedding_dim == d]
+        for d in dims
+    }
 
 
 def _config(cls: Any, t: TableSpec) -> Any:
@@ -67,17 +72,20 @@ class ConcatMLP(nn.Module):
         dense_arch: list[int],
         over_arch: list[int],
         dense_device: torch.device | None = None,
-        ec: EmbeddingCollection | None = None,
+        ecs: dict[str, EmbeddingCollection] | None = None,
     ) -> None:
-        """The model over `ebc` and `ec` (either may be None, not both): dense tower
-        `dense_arch`, then `over_arch` (ending in 1 logit)."""
+        """The model over `ebc` and the EmbeddingCollections `ecs` (by name; `ebc` may be None
+        where there are some): dense tower `dense_arch`, then `over_arch` (ending in 1 logit)."""
         super().__init__()
         self.embedding_bag_collection = ebc
-        self.embedding_collection = ec
+        self.embedding_collections = nn.ModuleDict(ecs or {})
         self.dense_arch = MLP(dense_in_features, dense_arch, device=dense_device)
         bags = ebc.embedding_bag_configs() if ebc is not None else []
-        seqs = ec.embedding_configs() if ec is not None else []
-        self._sequence_features = [f for c in seqs for f in c.feature_names]
+        seqs = [c for ec in (ecs or {}).values() for c in ec.embedding_configs()]
+        self._sequence_features = {
+            name: [f for c in ec.embedding_configs() for f in c.feature_names]
+            for name, ec in (ecs or {}).items()
+        }
         pooled_dim = sum(c.embedding_dim * len(c.feature_names) for c in [*bags, *seqs])
         self.over_arch = nn.Sequential(
             MLP(dense_arch[-1] + pooled_dim, list(over_arch[:-1]), device=dense_device)
@@ -97,9 +105,9 @@ class ConcatMLP(nn.Module):
         parts = [self.dense_arch(dense_features)]
         if self.embedding_bag_collection is not None:
             parts.append(self.embedding_bag_collection(sparse_features).values())
-        if self.embedding_collection is not None:
-            per_id = self.embedding_collection(sparse_features)
-            parts += [sequence_mean(per_id[f]) for f in self._sequence_features]
+        for name, ec in self.embedding_collections.items():
+            per_id = ec(sparse_features)
+            parts += [sequence_mean(per_id[f]) for f in self._sequence_features[name]]
         return self.over_arch(torch.cat(parts, dim=1))
 
 
@@ -137,14 +145,17 @@ def build_model(
             **dlrm_args,
         )
     else:
-        ec = EmbeddingCollection(tables=seqs, device=embedding_device) if seqs else None
+        ecs = {
+            sequence_collection_name(d): EmbeddingCollection(tables=c, device=embedding_device)
+            for d, c in seqs.items()
+        }
         core = ConcatMLP(
             ebc,
             spec.dense_in_features,
             list(arch.dense_arch),
             list(arch.over_arch),
             dense_device,
-            ec,
+            ecs,
         )
     # DLRMTrain only needs `model(dense, sparse) -> logits`, which ConcatMLP provides too.
     return DLRMTrain(core)

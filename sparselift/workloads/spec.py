@@ -20,8 +20,20 @@ from sparselift.plans.types import MAX_EMBEDDING_DIM, MAX_NUM_EMBEDDINGS
 from sparselift.workloads.spec_values import format_limit, get, integer, name_of, number, shown
 
 ARCHS = ("dlrm", "dlrm-dcn", "concat-mlp")
-# where the harness's model (`models.build_model`) keeps a spec's sequence tables
-SEQUENCE_COLLECTION = "model.embedding_collection"
+# where the harness's model (`models.build_model`) keeps a spec's sequence tables of a dim
+SEQUENCE_COLLECTIONS = "model.embedding_collections"
+
+
+def sequence_collection_name(dim: int) -> str:
+    """The name of the harness model's EmbeddingCollection of sequence tables of `dim`."""
+    return f"dim{dim}"
+
+
+def sequence_collection(dim: int) -> str:
+    """The path of the harness model's EmbeddingCollection of sequence tables of `dim`."""
+    return f"{SEQUENCE_COLLECTIONS}.{sequence_collection_name(dim)}"
+
+
 POOLINGS = ("fixed", "poisson")
 DATA_TYPES = ("fp32", "fp16")  # the weight types FBGEMM's kernels train
 
@@ -184,12 +196,6 @@ def parse_workload(d: Any, source: str) -> WorkloadSpec:
     tables = tuple(_parse_table(t, i, source) for i, t in enumerate(raw_tables))
     _check_unique(tables, source)
     seq = [t for t in tables if t.sequence]
-    other = [t.name for t in seq if t.embedding_dim != seq[0].embedding_dim]
-    if other:
-        raise UserError(
-            f"{source}: sequence tables {seq[0].name!r} and {other[0]!r} differ in "
-            f"embedding_dim: TorchRec's EmbeddingCollection holds tables of one dim"
-        )
     if model.arch in ("dlrm", "dlrm-dcn"):
         if seq:
             raise UserError(

@@ -69,8 +69,8 @@ rule below is refused in one line that names the file and the table, before anyt
 - `sequence` (`true` or `false`; default `false`): a sequence table, kept in an
   EmbeddingCollection (one embedding per id, as a user's history in a sequence model) rather than
   the EmbeddingBagCollection that pools each feature's ids; `concat-mlp` only. TorchRec shards it
-  table-, column-, row-wise or data-parallel, and SparseLift never splits it. Sequence tables
-  share one `embedding_dim` (an EmbeddingCollection holds tables of one dim).
+  table-, column-, row-wise or data-parallel, and SparseLift never splits it. The model keeps
+  one EmbeddingCollection per sequence dim (TorchRec's holds tables of one dim).
 - `data_type` (one of `fp32`, `fp16`; default `fp32`): the type of the table's weights, which
   its memory is counted in (the optimizer state stays one fp32 value per row).
 
