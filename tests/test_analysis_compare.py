@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparselift.analysis.compare import compare_profiles, job_models, spanning
+from sparselift.analysis.compare import compare_jobs, compare_profiles, job_models, spanning
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -137,3 +137,27 @@ def test_cli_prints_the_verdict_and_writes_json(tmp_path, cli):
     assert code == 0 and "the candidate is measured faster" in stdout
     rec = json.loads(out.read_text())
     assert rec["format"] == "sparselift-compare" and rec["candidate_faster"] is True
+
+
+def test_pairs_of_separate_jobs_are_compared_pair_by_pair(tmp_path, cli):
+    # each pair of jobs ran at its own host speed (0.8-1.4x); within a pair the candidate is
+    # 10 % faster every time: measured faster over the pairs, though the jobs spread widely
+    pairs = [
+        (
+            _profile(tmp_path, f"b{i}", s, after=STEADY),
+            _profile(tmp_path, f"c{i}", s / 1.1, after=STEADY),
+        )
+        for i, s in enumerate((1.0, 1.4, 0.8, 1.2))
+    ]
+    v = compare_jobs(pairs)
+    assert v.paired_jobs == 4 and v.ratio == pytest.approx(1.1) and v.candidate_faster
+    # the same steps, the candidates' jobs shuffled against the baselines': no gain measured
+    shifted = [*pairs[1:], pairs[0]]
+    mixed = [(b, c) for (b, _), (_, c) in zip(pairs, shifted, strict=True)]
+    assert not compare_jobs(mixed).candidate_faster
+    code, out, _ = cli("compare", *pairs[0], *(x for p in pairs[1:] for x in ("--also", *p)))
+    assert code == 0 and "paired over 4 pairs of jobs" in out
+    assert sum(line.startswith("baseline ") for line in out.splitlines()) == 4
+    code, out, err = cli("compare", *pairs[0], "--also", *pairs[1])
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "2 pair(s) of jobs: an interval over jobs needs at least 3" in err

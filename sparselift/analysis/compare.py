@@ -10,6 +10,11 @@ Two profiles of one side-by-side job (`profile --also`) took their steady steps 
 same rounds, so each round pairs them under one host state: the verdict is then the median of the
 rounds' ratios, with the rounds bootstrapped (`ratio_interval`). A host's speed drifts between
 rounds by more than most plans differ, and pairing takes that drift out of the ratio.
+
+A user's own trainer cannot run two plans in one job, and separate jobs of one plan differ by
+more than the steps of one job do. Several pairs of jobs, each baseline and candidate run back
+to back (`compare_jobs`), are compared the same way: the median of the pairs' ratios, the
+pairs bootstrapped, so the spread between jobs is in the interval.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ class Verdict:
         low, high: the `confidence` bootstrap interval of `ratio`.
         confidence: e.g. 0.95.
         paired_rounds: the side-by-side rounds the ratio pairs (0: the steps unpaired).
+        paired_jobs: the pairs of separate jobs the ratio pairs (0: one pair; `baseline` and
+            `candidate` are then the first pair's).
     """
 
     baseline: SteadySteps
@@ -68,6 +75,7 @@ class Verdict:
     high: float
     confidence: float
     paired_rounds: int = 0
+    paired_jobs: int = 0
 
     @property
     def candidate_faster(self) -> bool:
@@ -90,6 +98,7 @@ class Verdict:
             else f"no difference measured at {pct}: keep the baseline"
         )
         over = f", paired over {self.paired_rounds} rounds" if self.paired_rounds else ""
+        over += f", paired over {self.paired_jobs} pairs of jobs" if self.paired_jobs else ""
         return (
             f"measured ratio {self.ratio:.3f}x (baseline step / candidate step{over}; {pct} "
             f"interval {self.low:.3f}-{self.high:.3f}): {what}"
@@ -224,6 +233,33 @@ def compare_profiles(
         high=float(high),
         confidence=confidence,
     )
+
+
+def compare_jobs(
+    pairs: list[tuple[str | Path, str | Path]], confidence: float = 0.95, seed: int = 0
+) -> Verdict:
+    """The verdict on the candidate plan from `pairs` of separate jobs (baseline, candidate),
+    each pair run back to back: the median of the pairs' ratios of their steady medians, with
+    the pairs bootstrapped (`ratio_interval`).
+
+    Raises:
+        UserError: fewer than MIN_STEPS pairs, profiles of different jobs (every profile is
+            checked against the first baseline), too few steps, or a bad confidence.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise UserError(f"--confidence must be between 0 and 1, got {confidence}")
+    if len(pairs) < MIN_STEPS:
+        raise UserError(
+            f"{len(pairs)} pair(s) of jobs: an interval over jobs needs at least {MIN_STEPS} "
+            f"(add pairs with --also BASELINE CANDIDATE)"
+        )
+    first = pairs[0][0]
+    for b, c in pairs:
+        for other in (b, c) if b != first else (c,):
+            check_same_job(first, other)
+    steps = [(steady_steps(b), steady_steps(c)) for b, c in pairs]
+    ratio, low, high = ratio_interval([b.median_s / c.median_s for b, c in steps], confidence, seed)
+    return Verdict(*steps[0], ratio, low, high, confidence, paired_jobs=len(pairs))
 
 
 def spanning(verdicts: list[Verdict]) -> Verdict:

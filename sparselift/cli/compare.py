@@ -1,10 +1,11 @@
-"""`sparselift compare BASELINE_PROFILE CANDIDATE_PROFILE`: is the candidate measured faster?"""
+"""`sparselift compare BASELINE_PROFILE CANDIDATE_PROFILE [--also BASELINE CANDIDATE ...]`: is
+the candidate measured faster?"""
 
 from __future__ import annotations
 
 import argparse
 
-from sparselift.analysis.compare import compare_profiles
+from sparselift.analysis.compare import compare_jobs, compare_profiles, steady_steps
 from sparselift.atomic import check_writable, write_json
 
 
@@ -17,6 +18,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("baseline", metavar="BASELINE_PROFILE", help="profile of the baseline plan")
     p.add_argument("candidate", metavar="CANDIDATE_PROFILE", help="profile of the candidate plan")
     p.add_argument(
+        "--also",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("BASELINE", "CANDIDATE"),
+        help="another pair of separate jobs' profiles, run back to back (repeat: with 3 pairs "
+        "or more the verdict pairs the jobs, and their spread is in the interval)",
+    )
+    p.add_argument(
         "--confidence", type=float, default=0.95, help="of the ratio's interval (default 0.95)"
     )
     p.add_argument("--json", default=None, metavar="OUT", help="also write the verdict as JSON")
@@ -24,19 +34,28 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    """Print both profiles' steady step times and the verdict; 0 whatever the verdict.
+    """Print the profiles' steady step times (each pair's, with --also) and the verdict; 0
+    whatever the verdict.
 
     Raises:
-        UserError: profiles of different jobs, too few steps, or an unwritable --json.
+        UserError: profiles of different jobs, too few steps, fewer than 3 pairs with --also,
+            or an unwritable --json.
     """
     if args.json:
         check_writable(args.json)
-    v = compare_profiles(args.baseline, args.candidate, confidence=args.confidence)
-    for label, s in (("baseline", v.baseline), ("candidate", v.candidate)):
-        print(
-            f"{label:9s} {s.profile}: {s.median_s * 1e3:.2f} ms/step (median of {len(s.steps_s)} "
-            f"steps {s.where}, slowest rank)"
-        )
+    pairs = [(args.baseline, args.candidate), *map(tuple, args.also)]
+    if args.also:
+        v = compare_jobs(pairs, confidence=args.confidence)
+        shown = [(steady_steps(b), steady_steps(c)) for b, c in pairs]
+    else:
+        v = compare_profiles(args.baseline, args.candidate, confidence=args.confidence)
+        shown = [(v.baseline, v.candidate)]
+    for base, cand in shown:
+        for label, s in (("baseline", base), ("candidate", cand)):
+            print(
+                f"{label:9s} {s.profile}: {s.median_s * 1e3:.2f} ms/step (median of "
+                f"{len(s.steps_s)} steps {s.where}, slowest rank)"
+            )
     if "in the window" in (v.baseline.where, v.candidate.where):
         print(
             "note: steps inside the profiled window run slower than steady steps; "
