@@ -5,6 +5,7 @@ TorchRec's planner leaves, and what the optimizer plans fits TorchRec's storage 
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
@@ -145,3 +146,26 @@ def test_where_memory_binds_the_plan_fits_torchrecs_budget(seed):
     (v,) = storage_verdicts([res.plan], stats, topo, batch)
     assert v.fits, (max(v.hbm_per_rank), v.hbm_budget)
     assert max(r.hbm_bytes for r in res.cost.per_rank) <= v.hbm_budget
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [5, 6])
+def test_random_workloads_of_mixed_weight_types_fit_torchrecs_budget(seed):
+    # half the tables fp16 at random, weights filling 80 % of HBM as counted in their types:
+    # the plan fits TorchRec's estimate (which counts each table's element size too), rank by
+    # rank under SparseLift's count, and records every table's type
+    topo0, batch = preset("h100x8", 8), 4096
+    rng = random.Random(seed)
+    stats = [
+        dataclasses.replace(s, data_type=rng.choice(("fp32", "fp16")))
+        for s in synthetic_stats(24, seed=seed, max_rows=10_000_000)
+    ]
+    hbm = int(sum(table_bytes(s) for s in stats) / (0.8 * topo0.world_size) / 0.85)
+    topo = dataclasses.replace(topo0, hbm_bytes=hbm)
+    res = optimize(Inputs(stats, topo, batch, coefficients(topo)), time_limit_s=5)
+    (v,) = storage_verdicts([res.plan], stats, topo, batch)
+    assert v.fits, (max(v.hbm_per_rank), v.hbm_budget)
+    for r, tr in zip(res.cost.per_rank, v.hbm_per_rank, strict=True):
+        assert r.hbm_bytes >= tr
+    assert {t.name: t.data_type for t in res.plan.model} == {s.name: s.data_type for s in stats}
+    assert {"fp16", "fp32"} == {s.data_type for s in stats}
