@@ -23,7 +23,7 @@ from sparselift.optimizer.profile_input import plan_in_force
 from sparselift.optimizer.space import FUSED, TW, OptionClass
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile, stats_from_spec
 from sparselift.optimizer.topology import preset
-from sparselift.plans.render import rank_elements
+from sparselift.plans.render import rank_elements, show
 from sparselift.plans.to_torchrec import model_tables
 from sparselift.profiler.access import table_metas
 from sparselift.workloads import load_workload
@@ -75,6 +75,7 @@ def test_a_plan_keeps_a_tables_weight_type_and_a_model_of_another_type_refuses_i
         plans.PlanError, match="table 'user' holds fp16 weights in the model, fp32 in the plan"
     ):
         plans.load(path).check(_model(), 2)
+    assert "  model       1 tables, 1 of fp16 weights: user\n" in show(again)
     # half the bytes a rank holds
     assert rank_elements(_plan("fp16"))[1]["bytes"] == 100 * 8 * 2
     assert rank_elements(_plan("fp32"))[1]["bytes"] == 100 * 8 * 4

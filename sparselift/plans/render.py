@@ -68,13 +68,17 @@ def rank_elements(plan: Plan) -> list[dict[str, Any]]:
     return out
 
 
-def _sequence_note(plan: Plan) -> str:
-    """ ", 1 in an EmbeddingCollection: history": the plan's sequence tables, if any."""
-    names = [t.name for t in plan.model if t.sequence]
-    if not names:
-        return ""
-    shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
-    return f", {len(names)} in an EmbeddingCollection: {shown}"
+def _tables_note(plan: Plan) -> str:
+    """ ", 1 in an EmbeddingCollection: history, 2 of fp16 weights: user, item": the plan's
+    sequence tables and its tables of each weight type but fp32, if any."""
+    groups = [("in an EmbeddingCollection", [t.name for t in plan.model if t.sequence])]
+    for dt in sorted({t.data_type for t in plan.model} - {"fp32"}):
+        groups.append((f"of {dt} weights", [t.name for t in plan.model if t.data_type == dt]))
+    return "".join(
+        f", {len(names)} {what}: " + ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
+        for what, names in groups
+        if names
+    )
 
 
 def show(plan: Plan) -> str:
@@ -89,7 +93,7 @@ def show(plan: Plan) -> str:
         f"backward {plan.comm_precision.backward}",
         f"  model       {len(plan.model)} tables"
         + (f" in {plan.module}" if plan.module else "")
-        + _sequence_note(plan),
+        + _tables_note(plan),
         f"  collectives {collectives_line(plan)}",
     ]
     if plan.solver:
