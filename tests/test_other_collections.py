@@ -903,3 +903,23 @@ def test_a_spec_with_a_sequence_table_and_fp16_weights_is_profiled_planned_and_m
     out = capsys.readouterr().out
     assert "model.embedding_collections.dim16" in out
     assert "None" not in out.split("collectives:")[1]
+
+
+@pytest.mark.parametrize("export", ["from-torchrec", "round-robin"])
+def test_reference_plans_of_a_spec_with_several_collections_say_whose_each_table_is(
+    tmp_path, capsys, export
+):
+    spec, plan = tmp_path / "seq.json", tmp_path / "plan.json"
+    spec.write_text(json.dumps(SEQUENCE_SPEC))
+    args = ["--workload", str(spec), "--world-size", "2", "--out", str(plan)]
+    assert main(["plan", export, *args]) == 0
+    written = {t["name"]: t.get("module") for t in json.loads(plan.read_text())["model"]["tables"]}
+    assert written == {
+        "history": "model.embedding_collections.dim16",
+        "user": "model.embedding_bag_collection",
+        "item": "model.embedding_bag_collection",
+    }
+    capsys.readouterr()
+    assert main(["plan", "show", str(plan)]) == 0
+    collectives = next(ln for ln in capsys.readouterr().out.splitlines() if "collectives" in ln)
+    assert "model.embedding_collections.dim16" in collectives  # its own pair, not the EBC's

@@ -97,6 +97,20 @@ def _provenance(args: argparse.Namespace, how: str) -> dict[str, Any]:
     }
 
 
+def _fingerprints(spec: Any, model: Any) -> list[dict[str, Any]]:
+    """The spec's tables as a plan's model fingerprint, each with its collection's path in
+    `model` where the model has several collections: each runs its own collectives, which
+    `plan show` and the reports count, and a plan that does not say which table is whose
+    would count one collective pair per sharding type for all of them."""
+    from sparselift.plans.to_torchrec import model_tables
+
+    path_of = {found.table.name: found.path for found in model_tables(model)}
+    tables = spec.fingerprints()
+    if len(set(path_of.values())) > 1:
+        tables = [{**t, "module": path_of[t["name"]]} for t in tables]
+    return tables
+
+
 def run_from_torchrec(args: argparse.Namespace) -> int:
     """Write the plan TorchRec's planner makes for --workload on the topology; 0.
 
@@ -121,7 +135,7 @@ def run_from_torchrec(args: argparse.Namespace) -> int:
     batch = args.batch_size or spec.batch_size
     plan = from_torchrec(
         torchrec_plan(model, topology, batch),
-        spec.fingerprints(),
+        _fingerprints(spec, model),
         topology,
         provenance={**_provenance(args, "sparselift plan from-torchrec"), "batch_size": batch},
     )
@@ -153,7 +167,7 @@ def run_round_robin(args: argparse.Namespace) -> int:
     model = build_model(spec, dense_device=torch.device("cpu"))
     paths = {found.path for found in model_tables(model)}
     plan = round_robin_table_wise(
-        spec.fingerprints(),
+        _fingerprints(spec, model),
         topology,
         module=paths.pop() if len(paths) == 1 else None,
         provenance=_provenance(args, "sparselift plan round-robin"),
