@@ -1,18 +1,19 @@
 """The routing of split features' ids to their parts, for `transform.BatchTransform`.
 
-The split features are routed in at most four groups (by lookup table: hot/cold and row ranges
-of tables up to `LOOKUP_TABLE_MAX_ROWS` rows; beyond: hot/cold by binary search, row ranges in 2
-parts, in more; column slices are only checked), each with a fixed number of vectorized ops over
-all of its ids, so that the cost of a batch does not grow with the number of split features.
-Every id becomes a code, n_parts × its row in its part + its part. Two parts are split by
-`partition` (a cumulative sum and a scatter); more by one FBGEMM bucketize of the codes
+The split features are routed in at most four groups (row ranges in 2 parts, of any table, by
+comparison with their boundary; other hot/cold and row-range splits of tables up to
+`LOOKUP_TABLE_MAX_ROWS` rows by lookup table; beyond: hot/cold by binary search, row ranges in
+more parts by their range starts; column slices are only checked), each with a fixed number of
+vectorized ops over all of its ids, so that the cost of a batch does not grow with the number of
+split features. Every id becomes a code, n_parts × its row in its part + its part. Two parts are
+split by `partition` (a cumulative sum and a scatter); more by one FBGEMM bucketize of the codes
 (`bucketed`), which keeps each bag's order and counts each bag's ids per part. A lookup-table
 group gathers each feature's codes from its own table's rows of one table of every row
 (`looked_up`): one small op a feature, which also checks the range, and 32-bit codes, which
-bucketize divides several times faster than 64-bit ones. The other groups check the range (the
-ids' minimum and each feature's maximum, one foreach op); a two-part row-range group then
-compares each feature's ids with its boundary, the others compute the codes (`id_codes`) from
-per-id parameters.
+bucketize divides several times faster than 64-bit ones. The other groups check the range
+(`any_outside`); a two-part row-range group then compares each feature's ids with its boundary
+(one streaming pass, cheaper than a gather at random), the others compute the codes
+(`id_codes`) from per-id parameters.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import torch
 
 from sparselift.plans.types import Split, TableFingerprint
 
-# Up to this many rows a hot/cold or row-range split looks ids up in a table of every row (int32
-# codes, 4 bytes a row: the table is gathered at random, so its size is what the lookup costs;
-# one per table, not per feature); beyond, a hot/cold split searches the sorted hot ids (a
-# binary search per id) and a row-range split compares with its boundaries.
+# Up to this many rows a hot/cold split, or a row-range split in more than 2 parts, looks ids up
+# in a table of every row (int32 codes, 4 bytes a row: the table is gathered at random, so its
+# size is what the lookup costs; one per table, not per feature); beyond, a hot/cold split
+# searches the sorted hot ids (a binary search per id) and a row-range split its range starts.
 LOOKUP_TABLE_MAX_ROWS = 1 << 21
 
 INT32_CODES = (1 << 31) - 1  # the largest code of a lookup table kept in 32 bits
@@ -102,13 +103,17 @@ def any_outside(ids: torch.Tensor, sizes: list[int], rows1: list[int]) -> bool:
     """Whether any id lies outside 0..rows-1 of its table, for features of `sizes` ids in order
     whose tables have `rows1` (rows - 1) each.
 
-    One minimum over all ids and one maximum per feature (a single foreach op over views), so
-    no per-id tensor is built.
+    One pass for the least and the largest id of all; only where the largest is past the
+    smallest table, one maximum per feature (a single foreach op over views). No per-id tensor
+    is built.
     """
     if not ids.numel():
         return False
-    if int(ids.min()) < 0:
+    least, largest = (int(x) for x in torch.aminmax(ids))
+    if least < 0:
         return True
+    if largest <= min(rows1):
+        return False
     maxima = torch.stack(torch._foreach_max([p for p in ids.split(sizes) if p.numel()]))
     limits = [r for n, r in zip(sizes, rows1, strict=True) if n]
     return bool((maxima > torch.tensor(limits, device=ids.device)).any())
@@ -225,12 +230,14 @@ def layout(model: list[TableFingerprint], splits: dict[str, Split]) -> Layout:
             continue
         if s.kind == "column_slices":
             k = COLUMNS
+        elif s.kind == "row_ranges" and len(s.parts) == 2:
+            k = RANGES_2
         elif t.num_embeddings <= LOOKUP_TABLE_MAX_ROWS:
             k = LOOKUP
         elif s.kind == "hot_cold":
             k = HOT_SEARCH
         else:
-            k = RANGES_2 if len(s.parts) == 2 else RANGES_N
+            k = RANGES_N
         out.kind[t.name] = k
         out.offset[t.name] = space.get(k, 0)
         space[k] = out.offset[t.name] + t.num_embeddings
