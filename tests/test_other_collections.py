@@ -763,6 +763,21 @@ def test_a_plan_that_names_each_tables_collection_is_loaded_without_the_model():
     assert sp.plan["seq"]["history"].ranks == [1] and sp.plan["bags"]["user"].ranks == [0]
 
 
+def test_plan_show_counts_the_embedding_collections_its_sequence_tables_are_in():
+    plan = _plan()
+    clicks = plans.TableFingerprint("clicks", 100, 8, ("c",), sequence=True)
+    table = plans.TablePlan(
+        "clicks", "table_wise", "fused", [0], [plans.Shard(0, (0, 0), (100, 8))]
+    )
+    plan = dataclasses.replace(plan, model=[*plan.model, clicks], tables=[*plan.tables, table])
+    assert ", 2 in an EmbeddingCollection: history, clicks\n" in show(plan)  # no module named
+    modules = {"user": "bags", "history": "seq", "clicks": "seq2"}
+    plan = dataclasses.replace(
+        plan, model=[dataclasses.replace(t, module=modules[t.name]) for t in plan.model]
+    )
+    assert ", 2 in 2 EmbeddingCollections: history, clicks\n" in show(plan)
+
+
 def test_plan_diff_names_the_fields_of_a_table_that_differ():
     a, b = _plan(), _plan()
     b = dataclasses.replace(

@@ -70,8 +70,12 @@ def rank_elements(plan: Plan) -> list[dict[str, Any]]:
 
 def _tables_note(plan: Plan) -> str:
     """ ", 1 in an EmbeddingCollection: history, 2 of fp16 weights: user, item": the plan's
-    sequence tables and its tables of each weight type but fp32, if any."""
-    groups = [("in an EmbeddingCollection", [t.name for t in plan.model if t.sequence])]
+    sequence tables (", 3 in 2 EmbeddingCollections: …" where the plan names several of their
+    collections) and its tables of each weight type but fp32, if any."""
+    sequence = [t for t in plan.model if t.sequence]
+    n_ec = len({t.module for t in sequence})
+    where = "in an EmbeddingCollection" if n_ec <= 1 else f"in {n_ec} EmbeddingCollections"
+    groups = [(where, [t.name for t in sequence])]
     for dt in sorted({t.data_type for t in plan.model} - {"fp32"}):
         groups.append((f"of {dt} weights", [t.name for t in plan.model if t.data_type == dt]))
     return "".join(
