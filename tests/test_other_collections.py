@@ -798,7 +798,12 @@ def test_plan_diff_names_the_fields_of_a_table_that_differ():
     )
     lines = diff(a, b)
     assert "model: table 'user': num_embeddings 100 -> 120" in lines
-    assert "model: table 'user': module None -> 'bags'" in lines
+    # a plan that names no collection says nothing about it: not a difference
+    assert not any("module" in line for line in lines)
+    a = dataclasses.replace(a, module="towers")  # the plan's collection, for every table
+    assert "model: table 'user': module 'towers' -> 'bags'" in diff(a, b)
+    same = dataclasses.replace(a, model=[dataclasses.replace(t, module="towers") for t in a.model])
+    assert diff(a, same) == []
 
 
 def test_each_collection_runs_its_own_calls_and_the_samples_count_them():

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from sparselift.plans.plan import Plan
-from sparselift.plans.types import WEIGHT_BYTES, Split, TablePlan
+from sparselift.plans.types import WEIGHT_BYTES, Split, TableFingerprint, TablePlan
 
 # Sharding types as the per-table view abbreviates them.
 DP = "data_parallel"
@@ -277,16 +277,18 @@ def diff(a: Plan, b: Plan) -> list[str]:
         ]
     if a.pipeline != b.pipeline:
         out.append(f"pipeline: {a.pipeline} -> {b.pipeline}")
-    model_a, model_b = {t.name: t for t in a.model}, {t.name: t for t in b.model}
+    model_a, model_b = _named_modules(a), _named_modules(b)
     for name in model_a:
         if name not in model_b:
             out.append(f"model: table {name!r} only in A")
         elif model_a[name] != model_b[name]:
+            ta, tb = model_a[name], model_b[name]
             out += [
-                f"model: table {name!r}: {f.name} {getattr(model_a[name], f.name)!r} -> "
-                f"{getattr(model_b[name], f.name)!r}"
-                for f in dataclasses.fields(model_a[name])
-                if getattr(model_a[name], f.name) != getattr(model_b[name], f.name)
+                f"model: table {name!r}: {f.name} {getattr(ta, f.name)!r} -> "
+                f"{getattr(tb, f.name)!r}"
+                for f in dataclasses.fields(ta)
+                if getattr(ta, f.name) != getattr(tb, f.name)
+                and (f.name != "module" or None not in (ta.module, tb.module))
             ]
     out += [f"model: table {name!r} only in B" for name in model_b if name not in model_a]
     out += _split_diff(a, b)
@@ -310,6 +312,16 @@ def diff(a: Plan, b: Plan) -> list[str]:
         if changes:
             out.append(f"table {x.name}: " + "; ".join(changes))
     return out
+
+
+def _named_modules(plan: Plan) -> dict[str, TableFingerprint]:
+    """`plan`'s model tables by name, each with its collection where the table or the plan names
+    one (a table's `module`, else the plan's). A plan that names none says nothing about it, so
+    `diff` does not count that as a difference: table names are unique across collections."""
+    return {
+        t.name: t if t.module is not None else dataclasses.replace(t, module=plan.module)
+        for t in plan.model
+    }
 
 
 def _split_diff(a: Plan, b: Plan) -> list[str]:
