@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,31 @@ def test_builtin_workloads_load():
     kaggle = load_workload("criteo-kaggle")
     assert sum(t.num_embeddings for t in kaggle.tables) == 33_762_577
     assert sum(t.pooling_factor for t in load_workload("multihot-26").tables) == 214
+
+
+BENCH_WORKLOADS = Path(__file__).resolve().parent.parent / "benchmarks" / "workloads"
+
+
+@pytest.mark.parametrize("path", sorted(BENCH_WORKLOADS.glob("*.json")), ids=lambda p: p.stem)
+def test_benchmark_workloads_load(path):
+    assert load_workload(str(path)).name == path.stem
+
+
+def test_the_demos_heavy_tables_are_put_on_one_rank_by_torchrecs_default_plan(tmp_path):
+    """`make demo`'s premise (README): two tables take 98 % of the lookups, and TorchRec's planner,
+    called without statistics, places both on one rank."""
+    from sparselift.cli import main
+    from sparselift.plans import load
+
+    path = BENCH_WORKLOADS / "two-heavy-tables.json"
+    spec = load_workload(str(path))
+    lookups = {t.name: t.pooling_factor for t in spec.tables}
+    assert lookups["clicks"] + lookups["views"] >= 0.98 * sum(lookups.values())
+    out = tmp_path / "torchrec.plan.json"
+    argv = ["plan", "from-torchrec", "--workload", str(path), "--world-size", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    ranks = {t.name: t.ranks for t in load(out).tables}
+    assert ranks["clicks"] == ranks["views"] and len(ranks["clicks"]) == 1
 
 
 def test_load_by_path_roundtrips(write_json):
