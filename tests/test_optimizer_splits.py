@@ -128,9 +128,11 @@ def test_a_profiled_split_plan_is_kept_only_while_its_splits_pay():
         assert stood_in != pays
         if pays:
             assert res.plan.tables == profiled.tables and res.plan.splits == profiled.splits
+            assert res.plan.solver["status"].endswith(" (profiled plan kept)")
         else:
             assert res.cost.step_time_s == pytest.approx(without, rel=1e-6)
             assert any(n.startswith("kept the profiled plan without its splits") for n in res.notes)
+            assert res.plan.solver["status"].endswith(" (profiled plan without its splits kept)")
 
 
 def test_the_held_out_error_is_the_calibrations_largest_leave_one_out_miss():

@@ -252,6 +252,7 @@ def optimize(
     ours, ours_wide = choices, plan_wide
     hbm = hbm_budget(inp.topo, inp.batch_size, inp.stats)
     base_plan, base_cost, kept, verdicts = base.plan, base.cost, False, None
+    kept_what = "torchrec plan"  # which plan `kept` keeps: TorchRec's, or the profiled plan
     if two and base.candidates:  # both models, against TorchRec's best plan by its estimator
         prices = book.at(plan_wide)
         base_plan, ref, ref_wide = min(base.candidates, key=lambda c: prices.rate_s(c[1]))
@@ -334,6 +335,7 @@ def optimize(
                 current,
                 cur_cost,
             )
+            kept_what = which.removeprefix("the ")
             ratio = cur_cost.step_time_s / new_s
             notes.append(
                 f"kept {which}: the best other plan is predicted {ratio:.3f}x as fast, below "
@@ -347,7 +349,7 @@ def optimize(
     gap = max(0.0, (objective - sol.bound_s) / objective) if objective > 0 else 0.0
     solver_rec = {
         "name": f"cp-sat ({sol.mode})",
-        "status": sol.status + (" (torchrec plan kept)" if kept else ""),
+        "status": sol.status + (f" ({kept_what} kept)" if kept else ""),
         "objective": objective,
         "bound": min(sol.bound_s, objective),
         "gap": gap,
