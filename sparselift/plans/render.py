@@ -73,7 +73,7 @@ def _tables_note(plan: Plan) -> str:
     sequence tables (", 3 in 2 EmbeddingCollections: …" where the plan names several of their
     collections) and its tables of each weight type but fp32, if any."""
     sequence = [t for t in plan.model if t.sequence]
-    n_ec = len({t.module for t in sequence})
+    n_ec = len({t.module for t in sequence if t.module is not None})
     where = "in an EmbeddingCollection" if n_ec <= 1 else f"in {n_ec} EmbeddingCollections"
     groups = [(where, [t.name for t in sequence])]
     for dt in sorted({t.data_type for t in plan.model} - {"fp32"}):
