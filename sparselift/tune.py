@@ -46,6 +46,16 @@ from sparselift.tune_ab import fastest_beside_baseline, run_ab
 from sparselift.workloads.harness import MAX_STEPS, TrainConfig
 
 STEADY_STEPS = 10  # each profile's steady steps at least (`sparselift profile`'s default)
+# The lines of `sparselift optimize`'s output that say what it chose and why, echoed by tune.
+OPTIMIZER_VERDICTS = (
+    "choices:",
+    "kept ",
+    "no splits",
+    "pipeline ",
+    "the profiled plan's splits",
+    "the cheapest baseline",
+    "TorchRec's plan does not fit",
+)
 
 
 class StepFailed(Exception):
@@ -293,7 +303,7 @@ def tune(
         profiled[:0] = [d for _, d in runs]  # this plan's first: the sparse-dist fit pairs it
         _step(f"analyze {prof}", ["analyze", *profiled], run_command, echo)
         nxt = str(work / f"plan{i + 1}.json")
-        _step(
+        planned = _step(
             f"optimize --profile {prof}",
             [
                 "optimize",
@@ -331,6 +341,9 @@ def tune(
             f"{measured * 1e3:.2f} ms (steady steps){beside}"
             + (f"; leave-one-out errors of the joint calibration: {loo}" if loo else "")
         )
+        for line in dict.fromkeys(planned.splitlines()):  # the next plan's choices, and why
+            if line.startswith(OPTIMIZER_VERDICTS):
+                echo(f"tune: optimize: {line}")
         # the same plan again, or back to one already profiled (its profile is fitted on)
         earlier = next((it.plan for it in result.iterations if same_sharding(nxt, it.plan)), None)
         if earlier is not None:
@@ -387,10 +400,16 @@ def check_loop_args(
         dataclasses.replace(cfg, plan=baseline).validate()
 
 
-def _step(what: str, argv: list[str], run: Command, echo: Callable[[str], None]) -> None:
-    """Run one `sparselift` command in-process, its own output kept out; raise if it failed."""
+def _step(what: str, argv: list[str], run: Command, echo: Callable[[str], None]) -> str:
+    """Run one `sparselift` command in-process; raise if it failed.
+
+    Returns:
+        What it printed (kept out of tune's own output).
+    """
     echo(f"tune: sparselift {' '.join(argv)}")
-    with contextlib.redirect_stdout(io.StringIO()):
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
         code = run(argv)
     if code != 0:
         raise StepFailed(what, code)
+    return printed.getvalue()

@@ -58,6 +58,18 @@ def test_optimize_is_quiet_about_torchrec_and_says_its_wall_time(tmp_path, capfd
     assert "optimize took" in printed.out.strip().splitlines()[-1]
 
 
+def test_a_kept_torchrec_plan_is_named_as_the_planner_was_called(tmp_path, capfd):
+    out = tmp_path / "p.json"
+    args = ["optimize", "--workload", "tiny", "--world-size", "2", "--device", "cpu-gloo"]
+    assert main([*args, "--time-limit", "4", "--min-gain", "10", "--out", str(out)]) == 0
+    printed = capfd.readouterr().out
+    (table,) = [x for x in printed.splitlines() if x.startswith("TorchRec (")]
+    given = (
+        "default plan" if table.startswith("TorchRec (defaults)") else "plan given the statistics"
+    )
+    assert f"kept TorchRec's {given}: ours was not predicted at least 1000% faster" in printed
+
+
 def test_the_memory_refusal_names_need_room_and_the_largest_tables(tmp_path, capsys):
     topo = tmp_path / "t.json"
     topo.write_text(

@@ -50,20 +50,22 @@ def test_the_candidate_must_beat_every_model_of_the_baseline():
     assert ab_interval(cand, [slow, [x / 1.05 for x in even]])[1] > 1.0
 
 
-def _tune(tmp_path, baseline, out, **ab_hook):
+def _tune(tmp_path, baseline, out, echo=lambda s: None, **ab_hook):
     """`tune` of tiny on 2 ranks against `baseline`, its A/B runs under `ab_hook`."""
     cfg = TrainConfig(workload="tiny", nproc=2, steps=10, warmup=2)
-    return tune(
-        cfg, out, tmp_path / "work", main, baseline=baseline, echo=lambda s: None, **ab_hook, **LOOP
-    )
+    return tune(cfg, out, tmp_path / "work", main, baseline=baseline, echo=echo, **ab_hook, **LOOP)
 
 
 @pytest.mark.slow
 def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
     out = tmp_path / "shipped.json"
     slow = {"ab_hook": "rank_hooks:SlowPlan", "ab_hook_args": {"plan_name": "plan1.json"}}
-    res = _tune(tmp_path, baseline, out, **slow)
+    said: list[str] = []
+    res = _tune(tmp_path, baseline, out, echo=said.append, **slow)
     assert res.candidate.endswith("plan1.json") and len(res.ab_ratios) == 2
+    # each re-plan's choices, as `sparselift optimize` printed them, are in tune's output
+    choices = [line for line in said if line.startswith("tune: optimize: choices: pipeline ")]
+    assert len(choices) == len(res.iterations)
     assert res.high is not None and res.high < 1.0 and res.shipped == "baseline"
     assert out.read_bytes() == open(baseline, "rb").read()
     rec = json.loads((tmp_path / "work" / "tune.json").read_text())

@@ -387,7 +387,8 @@ def _report(
     )
     if res.kept_baseline:
         kept = [n for n in res.notes if n.startswith("kept the profiled plan")]
-        which = kept[0].split(":")[0].removeprefix("kept ") if kept else "TorchRec's plan"
+        given = "default plan" if res.baseline is default else "plan given the statistics"
+        which = kept[0].split(":")[0].removeprefix("kept ") if kept else f"TorchRec's {given}"
         print(f"kept {which}: ours was not predicted at least {args.min_gain:.0%} faster")
     wrote_baseline = args.baseline_out and baseline is not None
     print(f"wrote {args.out}" + (f" and {args.baseline_out}" if wrote_baseline else ""))
