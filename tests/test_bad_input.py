@@ -173,7 +173,6 @@ bench-json-missing-parent | $BENCH --json {tmp}/no/b.json | $CW {tmp}/no/b.json
 workloads-unknown-flag | workloads --bogus | --bogus
 workloads-extra-argument | workloads --format tiny | tiny
 
-plan-check-no-digest | plan check {rr} --profile {prof} | {rr}: the plan has no statistics digest
 plan-check-profile-missing | plan check {rr} --profile {tmp}/noprof | noprof/manifest.json
 plan-check-profile-no-manifest | plan check {rr} --profile {adir} | {adir}/manifest.json: missing
 plan-check-profile-bad-manifest | plan check {rr} --profile {badmanifest} | malformed JSON

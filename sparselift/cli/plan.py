@@ -180,7 +180,8 @@ def run_check(args: argparse.Namespace) -> int:
     """Compare a plan's statistics digest with a profile, price it and re-plan; print a verdict.
 
     Checked in this order, each refusal one line: the flags, the plan file, the profile's
-    manifest, the plan's digest, the profile's statistics and that they are of the plan's tables.
+    manifest, the profile's statistics and that they are of the plan's tables. A plan without a
+    statistics digest (TorchRec's, round-robin) is priced and re-planned, its drift not checked.
     Nothing is written.
 
     Returns:
@@ -236,6 +237,11 @@ def run_check(args: argparse.Namespace) -> int:
 def _drift_table(res: Recheck) -> str:
     """The drifted fields as a table (table, field, plan, profile, change), or one line."""
     head = f"statistics drift over {res.tolerance:.0%} (relative change of a digest field)"
+    if res.drifts is None:
+        return (
+            "statistics drift: not checked: the plan records no statistics digest (not made by "
+            "`sparselift optimize`, or before plans recorded one)"
+        )
     if not res.drifts:
         return f"{head}: none"
     width = max(5, *(len(d.table) for d in res.drifts))

@@ -1,7 +1,8 @@
 """Is a plan still right? Its statistics digest against a new profile, and what re-planning gains.
 
 A plan records the table statistics it was made from (`statistics`, `planio.statistics_digest`).
-`recheck` reads a new profile, lists the tables whose statistics moved by more than a tolerance,
+`recheck` reads a new profile, lists the tables whose statistics moved by more than a tolerance
+(where the plan has a digest: TorchRec's and round-robin plans have none, and are still checked),
 prices the plan under the new statistics with the same cost model `optimize` plans with (the
 plan's topology; the profile's calibration where it has one, as `optimize --profile`), and plans
 again for the same statistics, topology, seed and workers. Re-planning starts from the plan and
@@ -55,7 +56,8 @@ class Recheck:
     """The verdict on one plan against one profile.
 
     Attributes:
-        drifts: the fields beyond the tolerance, in model order, then field order.
+        drifts: the fields beyond the tolerance, in model order, then field order; None where
+            the plan records no digest to compare.
         tolerance: the relative change that counts as drift.
         predicted: the plan's cost under the profile's statistics.
         replanned: the planning run for those statistics (`replanned.cost`: its cost).
@@ -67,7 +69,7 @@ class Recheck:
         calibrated: whether the profile's calibration.json priced them.
     """
 
-    drifts: list[Drift]
+    drifts: list[Drift] | None
     tolerance: float
     predicted: PlanCost
     replanned: Result
@@ -202,7 +204,7 @@ def recheck(
     """Check `plan` against the statistics of a new profile.
 
     Args:
-        plan: a plan with a statistics digest.
+        plan: a plan, with a statistics digest or without (then no drift is reported).
         profile: a profile directory (its manifest checked by the caller; calibration.json
             optional).
         threshold: the predicted gain of re-planning above which the plan is stale.
@@ -211,14 +213,9 @@ def recheck(
     Returns:
         The drifted fields, the plan's predicted cost, the re-planning run and the gain.
     Raises:
-        UserError: the plan has no digest; the profile is unreadable or of another model; the
-            plan's topology cannot be rebuilt.
+        UserError: the profile is unreadable or of another model; the plan's topology cannot be
+            rebuilt.
     """
-    if plan.statistics is None:
-        raise UserError(
-            f"{plan.source}: the plan has no statistics digest (made before plans recorded one, "
-            "or not by `sparselift optimize`): re-run `sparselift optimize` to make one"
-        )
     prof = read_profile(profile, need_calibration=False)
     same_tables(plan, prof.stats, str(profile))
     topo = topology_of(plan)
@@ -247,7 +244,9 @@ def recheck(
     step = predicted.step_time_s
     gain = (step - replanned.cost.step_time_s) / step if step > 0 else 0.0
     return Recheck(
-        drifts=drifts(plan.statistics, statistics_digest(prof.stats, prof.batch_size), tolerance),
+        drifts=None
+        if plan.statistics is None
+        else drifts(plan.statistics, statistics_digest(prof.stats, prof.batch_size), tolerance),
         tolerance=tolerance,
         predicted=predicted,
         replanned=replanned,
