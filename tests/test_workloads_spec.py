@@ -82,6 +82,10 @@ def _tiny_dict():
             "table name 't0' appears twice",
         ),
         (lambda d: d["tables"][1].update(name="items"), "'items' cannot name a table"),
+        (
+            lambda d: d["tables"][1].update(feature_names=[]),
+            "table 't1': feature_names must be a non-empty list",
+        ),
         (lambda d: d["tables"][1].update(name="a.b"), "table 'a.b': a table name cannot hold '.'"),
         (lambda d: d.pop("batch_size"), "missing key 'batch_size'"),
         (lambda d: d["model"].update(arch="transformer"), "model.arch 'transformer'"),

@@ -282,8 +282,8 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
         raise UserError(f"{where}: fixed pooling needs an integer pooling_factor, got {pf}")
     alpha = number(t, "zipf_alpha", where, 0.0, MAX_ZIPF_ALPHA, 0.0)
     features = tuple(get(t, "feature_names", list, where) if "feature_names" in t else [])
-    if not all(isinstance(f, str) and f for f in features):
-        raise UserError(f"{where}: feature_names must be a list of non-empty strings")
+    if "feature_names" in t and not features or not all(isinstance(f, str) and f for f in features):
+        raise UserError(f"{where}: feature_names must be a non-empty list of non-empty strings")
     sequence = t.get("sequence", False)
     if not isinstance(sequence, bool):
         raise UserError(f"{where}: 'sequence' must be true or false, got {shown(sequence)}")
