@@ -75,7 +75,7 @@ from sparselift.optimizer.table_stats import TableStats, stats_from_profile
 from sparselift.optimizer.topology import Topology, profiled_topology
 from sparselift.profiler.from_ranks import profile_side_by_side
 from sparselift.profiler.hot_ids import HotIds, read_hot_ids
-from sparselift.tune import calibration_plans
+from sparselift.tune_plans import calibration_plans
 from sparselift.workloads.harness import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

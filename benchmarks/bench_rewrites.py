@@ -10,7 +10,7 @@ bench` job per workload.
 Per workload (multihot-26 and criteo-kaggle at --max-rows 200000,
 benchmarks/workloads/skewed-multihot.json, and benchmarks/workloads/one-heavy-table.json
 uncapped): profile TorchRec's plan as `tune` does (under each pipeline, at 16 bits and with a
-table row-wise, side by side: `tune.calibration_plans`), build the plans, measure them
+table row-wise, side by side: `tune_plans.calibration_plans`), build the plans, measure them
 side by side, then print steps/s and the ratio over TorchRec's plan, over round-robin and over the
 no-rewrite plan, each with its per-round range (round r of a plan over round r of the other).
 Beside them: the batch transform's cost as a share of the measured step (`Plan.transform_batch`
@@ -44,7 +44,7 @@ from sparselift.errors import UserError
 from sparselift.plans import Plan, Split, TablePlan
 from sparselift.plans.splits import part_names
 from sparselift.profiler.hot_ids import HOT_IDS_CAP, HotIds, read_hot_ids
-from sparselift.tune import calibration_plans
+from sparselift.tune_plans import calibration_plans
 
 HERE = Path(__file__).resolve().parent
 CLI = [sys.executable, "-m", "sparselift.cli"]

@@ -180,7 +180,7 @@ def test_a_failing_rank_stops_tune_and_leaves_the_last_good_plan(tmp_path, basel
 
 def test_the_row_wise_variant_makes_the_largest_table_row_wise_in_even_blocks(tmp_path):
     from sparselift import plans
-    from sparselift.tune import row_wise_variant
+    from sparselift.tune_plans import row_wise_variant
 
     rr = tmp_path / "rr.json"
     argv = ["plan", "round-robin", "--workload", "tiny", "--world-size", "3"]

@@ -64,8 +64,8 @@ rule below is refused in one line that names the file and the table, before anyt
   ids per sample: mean `pooling_factor`, at least 1.
 - `zipf_alpha` (number, 0..{max_alpha:g}; default 0): skew of id popularity. 0 is uniform; about 1
   is typical of production features.
-- `feature_names` (non-empty list of non-empty strings; default `[name]`): the sparse features that look
-  this table up. A feature feeds one table only.
+- `feature_names` (non-empty list of non-empty strings; default `[name]`): the sparse features
+  that look this table up. A feature feeds one table only.
 - `sequence` (`true` or `false`; default `false`): a sequence table, kept in an
   EmbeddingCollection (one embedding per id, as a user's history in a sequence model) rather than
   the EmbeddingBagCollection that pools each feature's ids; `concat-mlp` only. TorchRec shards it

@@ -1,0 +1,85 @@
+"""The plan files `tune`'s loop writes and compares: the variants of a plan that a calibration
+profiles side by side (pipelines, 16 bits, a table row-wise), and whether two plans choose alike.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sparselift.atomic import write_json
+
+
+def same_sharding(a: str | Path, b: str | Path) -> bool:
+    """Whether two plan files make the same choices (tables, splits, pipeline, comm precision)."""
+    pa, pb = (json.loads(Path(p).read_text()) for p in (a, b))
+    return all(pa.get(k) == pb.get(k) for k in ("tables", "splits", "pipeline", "comm_precision"))
+
+
+def plan_variant(plan: str, work: Path, pipeline: str, sixteen_bit: bool = False) -> str:
+    """`plan` under the train pipeline `pipeline`, and with its pooled collectives at fp16 both
+    ways if `sixteen_bit` (what gloo and NCCL both run), written beside the loop's plans; its
+    path. Why copies: the plans of a side-by-side job each carry their own pipeline and
+    precision."""
+    doc = json.loads(Path(plan).read_text())
+    doc["pipeline"] = pipeline
+    if sixteen_bit:
+        doc["comm_precision"] = {"forward": "fp16", "backward": "fp16"}
+    out = work / f"{Path(plan).stem}-{pipeline}{'-16bit' if sixteen_bit else ''}.json"
+    write_json(out, doc)
+    return str(out)
+
+
+def calibration_plans(plan: str, work: Path, baseline: str) -> list[tuple[str, str]]:
+    """The variants of `plan` a calibration profiles side by side, written beside the loop's
+    plans, each with its profile directory's suffix: under the base ("") and the sparse-dist
+    pipeline (the pair measures what the pipeline hides) and, for the `baseline` itself, at 16
+    bits (what 16-bit collectives cost) and with a table row-wise (what a reduce-scatter costs,
+    `row_wise_variant`, where there is one); for any other plan, the baseline under the base
+    pipeline ("-baseline"): the plan both jobs ran levels this job's speed with the first's
+    (`analysis.job_levels`). Last, `plan` under the base pipeline again, as a model of its own
+    ("-model-2"): the pipeline and 16 bits are then measured faster only against both models
+    (`compare.spanning`)."""
+    base = plan_variant(plan, work, "base")
+    out = [(base, ""), (plan_variant(plan, work, "sparse-dist"), "-sparse-dist")]
+    if plan != baseline:
+        out.append((plan_variant(baseline, work, "base"), "-baseline"))
+    else:
+        out.append((plan_variant(plan, work, "base", True), "-16bit"))
+        row_wise = row_wise_variant(plan, work)
+        if row_wise is not None:
+            out.append((row_wise, "-row-wise"))
+    return [*out, (base, "-model-2")]
+
+
+def row_wise_variant(plan: str, work: Path) -> str | None:
+    """`plan` with its largest table (rows × dim) that is not row-wise made row-wise over every
+    rank (TorchRec's even row blocks), under the base pipeline, written beside the loop's plans;
+    its path, or None where there is none to make (one rank, splits, every table row-wise).
+    Why: a row-wise table's pooled output is a reduce-scatter, which a plan without one cannot
+    price but by analogy; one profiled row-wise table measures it."""
+    doc = json.loads(Path(plan).read_text())
+    world = int(doc["topology"]["world_size"])
+    size = {t["name"]: (t["num_embeddings"], t["embedding_dim"]) for t in doc["model"]["tables"]}
+    others = [t for t in doc["tables"] if t["sharding_type"] != "row_wise" and t["name"] in size]
+    if world < 2 or doc.get("splits") or not others:
+        return None
+    table = max(others, key=lambda t: size[t["name"]][0] * size[t["name"]][1])
+    rows, dim = size[table["name"]]
+    block = -(-rows // world)
+    table.update(
+        sharding_type="row_wise",
+        ranks=list(range(world)),
+        shards=[
+            {
+                "rank": r,
+                "offsets": [r * block, 0],
+                "sizes": [max(0, min(block, rows - r * block)), dim],
+            }
+            for r in range(world)
+        ],
+    )
+    doc["pipeline"] = "base"
+    out = work / f"{Path(plan).stem}-row-wise.json"
+    write_json(out, doc)
+    return str(out)
