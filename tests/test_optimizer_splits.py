@@ -135,6 +135,29 @@ def test_a_profiled_split_plan_is_kept_only_while_its_splits_pay():
             assert res.plan.solver["status"].endswith(" (profiled plan without its splits kept)")
 
 
+def test_a_kept_split_plan_is_priced_by_the_measured_hot_ids_as_predict_plan_prices_it():
+    # The hot ids measure a hot share (0.8) far from the table's skew curve, so a plan's
+    # hot/cold split priced without them costs otherwise: the kept plan's cost, the profiled
+    # plan's and `predict_plan`'s (what `plan check` compares with the re-planned step) agree.
+    from sparselift.optimizer.predict import predict_plan
+
+    topo = preset("cpu-gloo", 2)
+    stats = split_tables()
+    hot = {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)}
+    opts = {k: v for k, v in split_options(stats, 2, hot).items() if k == "heavy"}
+    coeffs = split_coeffs(topo, 1e-12)
+    profiled = optimize(Inputs(stats, topo, BATCH, coeffs, splits=opts), time_limit_s=20).plan
+    assert profiled.splits
+    share = stats[0].hot_share(len(profiled.splits[0].hot_ids) / stats[0].num_embeddings)
+    assert abs(share - 0.8) > 0.05  # the curve and the measured ids disagree
+    want = predict_plan(profiled, stats, coeffs, topo, BATCH, hot).step_time_s
+    for current, baseline in ((profiled, None), (None, profiled)):
+        inp = Inputs(stats, topo, BATCH, coeffs, splits=opts, hot=hot)
+        res = optimize(inp, time_limit_s=20, min_gain=10.0, current=current, baseline=baseline)
+        assert res.kept_baseline and res.plan.splits == profiled.splits
+        assert res.cost.step_time_s == pytest.approx(want, rel=1e-9)
+
+
 def test_the_held_out_error_is_the_calibrations_largest_leave_one_out_miss():
     topo = preset("cpu-gloo", 2)
     cal: dict = {"device": "cpu", "ops": {"input_dist": {"x": "bytes", "a_s": 1e-4, "b_s": 1e-9}}}

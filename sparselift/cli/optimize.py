@@ -156,7 +156,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
     provenance["topology"] = topo.preset or args.topology
     offered = split_options(stats, topo.world_size, hot) if args.splits == "auto" else {}
     coeffs = coefficients(topo, calibration, dense)
-    return Inputs(stats, topo, batch, coeffs, provenance, offered), in_force
+    return Inputs(stats, topo, batch, coeffs, provenance, offered, hot or {}), in_force
 
 
 def statistics_profile(profiles: list[str]) -> str:

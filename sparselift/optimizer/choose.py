@@ -13,6 +13,7 @@ from sparselift.optimizer.planio import choices_from_plan
 from sparselift.optimizer.space import Choice, PlanWide
 from sparselift.optimizer.split_options import plan_tables
 from sparselift.optimizer.table_stats import TableStats
+from sparselift.profiler.hot_ids import HotIds
 
 PendingBaselines = Callable[[], Sequence[plans.Plan | None]]
 
@@ -68,8 +69,10 @@ class CheapestBaseline:
         by_name: dict[str, TableStats],
         given: Sequence[plans.Plan | None],
         pending: PendingBaselines | None,
+        hot: dict[str, HotIds] | None = None,
     ) -> None:
         self.model, self.by_name, self.given, self.pending = model, by_name, given, pending
+        self.hot = hot  # measured hot ids: what a given plan's splits are priced by
         self.resolved, self.waited_s = False, 0.0
         self.plan: plans.Plan | None = None
         self.choices: dict[str, Choice] | None = None
@@ -86,7 +89,8 @@ class CheapestBaseline:
                     continue
                 choices, plan_wide = choices_from_plan(candidate, self.model.topo)
                 self.candidates.append((candidate, choices, plan_wide))
-                tables = {**self.by_name, **plan_tables(candidate, list(self.by_name.values()))}
+                stats = list(self.by_name.values())
+                tables = {**self.by_name, **plan_tables(candidate, stats, self.hot)}
                 cost = self.model.evaluate(tables, choices, plan_wide)
                 if self.cost is None or cost.step_time_s < self.cost.step_time_s:
                     self.choices, self.cost, self.plan = choices, cost, candidate

@@ -52,6 +52,7 @@ from sparselift.optimizer.whatif import (
     polish,
     two_model_mode,
 )
+from sparselift.profiler.hot_ids import HotIds
 
 TILT = 4.0  # what-if: the factor on the weight of the model that rejected the first solve
 RETRY_SHARE = 0.5  # … and that second solve's share of the time limit
@@ -71,6 +72,8 @@ class Inputs:
         coeffs: the cost coefficients.
         provenance: facts recorded in the plan (profile or workload, topology).
         splits: per table, the splits it may take (`split_options`); none by default.
+        hot: the profile's measured hot ids per table, which price the splits of a plan given
+            (the profiled plan, a baseline) as `split_options` prices the splits it offers.
     """
 
     stats: list[TableStats]
@@ -79,6 +82,7 @@ class Inputs:
     coeffs: Coefficients
     provenance: dict[str, Any] = field(default_factory=dict)
     splits: dict[str, list[SplitOption]] = field(default_factory=dict)
+    hot: dict[str, HotIds] = field(default_factory=dict)
 
 
 @dataclass
@@ -168,7 +172,9 @@ def optimize(
         notes.append("no splits: TorchRec's estimator, which what-if plans answer to, has none")
     by_model = {s.name: s for s in inp.stats}
     by_name = {**by_model, **{s.name: s for s in part_stats(splits)}}
-    base = CheapestBaseline(model, by_name, (baseline, *other_baselines), pending_baselines)
+    base = CheapestBaseline(
+        model, by_name, (baseline, *other_baselines), pending_baselines, inp.hot
+    )
     book = PriceBook(inp.stats, inp.topo, inp.batch_size)
     # with splits on offer: the best plan without, its plan-wide options and its cost
     plain_at: list[tuple[Solution, PlanWide, PlanCost]] = []
@@ -298,7 +304,7 @@ def optimize(
         notes.append(verdicts_alone(model, book, by_name, choices, plan_wide))
     if current is not None and not two:
         cur_choices, cur_wide = choices_from_plan(current, inp.topo)
-        cur_tables = plan_tables(current, inp.stats)
+        cur_tables = plan_tables(current, inp.stats, inp.hot)
         cur_wide, dropped = kept_wide(model, cur_tables, cur_choices, cur_wide, allowed)
         notes += dropped
         cur_cost = model.evaluate(cur_tables, cur_choices, cur_wide)
@@ -342,7 +348,7 @@ def optimize(
                 f"the {1 + min_gain:.2f}x a change needs"
             )
     if kept and base_plan is not None:  # a plan kept as it is: its own splits' parts
-        by_name = {**by_name, **plan_tables(base_plan, inp.stats)}
+        by_name = {**by_name, **plan_tables(base_plan, inp.stats, inp.hot)}
     cost = model.evaluate(by_name, choices, plan_wide)
     chosen = chosen_splits(splits, choices)
     objective = minimized.evaluate(by_name, choices, plan_wide).step_time_s

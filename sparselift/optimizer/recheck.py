@@ -233,6 +233,7 @@ def recheck(
             "topology": topo.preset or (plan.provenance or {}).get("topology"),
         },
         split_options(prof.stats, topo.world_size, prof.hot_ids),
+        prof.hot_ids or {},
     )
     replanned = optimize(
         inputs,
