@@ -97,18 +97,20 @@ def _provenance(args: argparse.Namespace, how: str) -> dict[str, Any]:
     }
 
 
-def _fingerprints(spec: Any, model: Any) -> list[dict[str, Any]]:
+def _fingerprints(spec: Any, model: Any) -> tuple[list[dict[str, Any]], str | None]:
     """The spec's tables as a plan's model fingerprint, each with its collection's path in
     `model` where the model has several collections: each runs its own collectives, which
     `plan show` and the reports count, and a plan that does not say which table is whose
-    would count one collective pair per sharding type for all of them."""
+    would count one collective pair per sharding type for all of them. Also the path of the
+    model's one collection, where it has one (else None)."""
     from sparselift.plans.to_torchrec import model_tables
 
     path_of = {found.table.name: found.path for found in model_tables(model)}
+    paths = set(path_of.values())
     tables = spec.fingerprints()
-    if len(set(path_of.values())) > 1:
-        tables = [{**t, "module": path_of[t["name"]]} for t in tables]
-    return tables
+    if len(paths) > 1:
+        return [{**t, "module": path_of[t["name"]]} for t in tables], None
+    return tables, paths.pop() if paths else None
 
 
 def run_from_torchrec(args: argparse.Namespace) -> int:
@@ -135,7 +137,7 @@ def run_from_torchrec(args: argparse.Namespace) -> int:
     batch = args.batch_size or spec.batch_size
     plan = from_torchrec(
         torchrec_plan(model, topology, batch),
-        _fingerprints(spec, model),
+        _fingerprints(spec, model)[0],
         topology,
         provenance={**_provenance(args, "sparselift plan from-torchrec"), "batch_size": batch},
     )
@@ -157,7 +159,6 @@ def run_round_robin(args: argparse.Namespace) -> int:
 
     from sparselift.atomic import check_writable
     from sparselift.plans import round_robin_table_wise, save
-    from sparselift.plans.to_torchrec import model_tables
     from sparselift.workloads.models import build_model
     from sparselift.workloads.spec import load_workload
 
@@ -165,11 +166,11 @@ def run_round_robin(args: argparse.Namespace) -> int:
     spec = load_workload(args.workload).capped(args.max_rows)
     check_writable(args.out)
     model = build_model(spec, dense_device=torch.device("cpu"))
-    paths = {found.path for found in model_tables(model)}
+    tables, module = _fingerprints(spec, model)
     plan = round_robin_table_wise(
-        _fingerprints(spec, model),
+        tables,
         topology,
-        module=paths.pop() if len(paths) == 1 else None,
+        module=module,
         provenance=_provenance(args, "sparselift plan round-robin"),
     )
     save(plan, args.out)
