@@ -47,6 +47,10 @@ from sparselift.tune_plans import calibration_plans, same_sharding
 from sparselift.workloads.harness import MAX_STEPS, TrainConfig
 
 STEADY_STEPS = 10  # each profile's steady steps at least (`sparselift profile`'s default)
+# The predicted gain a plan needs to be tried, over the profiled plan and, with splits, over the
+# best plan without: lower than `optimize` asks of a plan it ships unmeasured, since every plan
+# tried here is measured and only an A/B win ships.
+TRY_GAIN = 0.02
 # The lines of `sparselift optimize`'s output that say what it chose and why, echoed by tune.
 OPTIMIZER_VERDICTS = (
     "choices:",
@@ -144,7 +148,7 @@ def tune(
     after: int = 5,
     time_limit_s: float = 30.0,
     baseline: str | None = None,
-    min_gain: float | None = None,
+    min_gain: float = TRY_GAIN,
     ab_hook: str | None = None,
     ab_hook_args: dict[str, Any] | None = None,
     echo: Callable[[str], None] = print,
@@ -162,8 +166,9 @@ def tune(
         profile_steps, after: profiled steps, and steady steps timed after the window.
         time_limit_s: `optimize --time-limit`.
         baseline: a plan file to beat; None: TorchRec's plan for this workload and world size.
-        min_gain: `optimize --min-gain`: how much faster the model must predict a new plan than
-            the profiled one to try it (None: optimize's default).
+        min_gain: `optimize --min-gain` and `--split-margin`: how much faster the model must
+            predict a new plan than the profiled one, and a plan with splits than the best plan
+            without, to try it.
         ab_hook, ab_hook_args: a harness hook for the A/B runs only (tests slow one plan down).
         echo: where progress and the per-iteration figures go.
     Returns:
@@ -174,7 +179,7 @@ def tune(
     """
     if not 1 <= max_iterations <= 20:
         raise UserError(f"--max-iterations must be in 1..20, got {max_iterations}")
-    if min_gain is not None and not 0.0 <= min_gain <= 10.0:  # NaN fails both
+    if not 0.0 <= min_gain <= 10.0:  # NaN fails both
         raise UserError(f"--min-gain must be in 0..10, got {min_gain}")
     spec = cfg.validate()
     check_loop_args(cfg, rounds, profile_steps, after, time_limit_s, baseline)
@@ -236,7 +241,7 @@ def tune(
                 *(x for d in profiled for x in ("--profile", d)),
                 "--time-limit",
                 str(time_limit_s),
-                *(["--min-gain", str(min_gain)] if min_gain is not None else []),
+                *("--min-gain", str(min_gain), "--split-margin", str(min_gain)),
                 "--out",
                 nxt,
             ],

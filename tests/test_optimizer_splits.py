@@ -25,7 +25,7 @@ from sparselift.optimizer.feasibility import feasible_classes, part_classes
 from sparselift.optimizer.optimize import Inputs, optimize
 from sparselift.optimizer.problem import Problem
 from sparselift.optimizer.profile_input import read_profile
-from sparselift.optimizer.robust import RISK_TOLERANCE, split_margin
+from sparselift.optimizer.robust import RISK_TOLERANCE, margin_for_splits
 from sparselift.optimizer.solver import solve
 from sparselift.optimizer.space import DP, TW, PlanWide
 from sparselift.optimizer.split_options import (
@@ -104,8 +104,19 @@ def test_a_split_is_taken_only_past_the_calibrations_held_out_error():
         assert any(n.startswith("no splits: the best plan with splits") for n in res.notes) != split
         want = min(best.values()) if split else best[("heavy",)]
         assert res.cost.step_time_s == pytest.approx(want, rel=1e-6)
+    # a margin the caller sets (tune: a measurement decides before anything ships) stands in
+    # for the leave-one-out error: the split the error turned down is taken
+    measured = coeffs.replace(held_out_error=gain - 1 + 0.005)
+    res = optimize(
+        Inputs(stats, topo, BATCH, measured, splits=opts),
+        time_limit_s=20,
+        min_gain=0.0,
+        split_margin=gain - 1 - 0.005,
+    )
+    assert res.plan.splits and res.cost.step_time_s == pytest.approx(min(best.values()), rel=1e-6)
+    assert margin_for_splits(measured, 0.1, 0.02) == (0.02, "--split-margin")
     # no leave-one-out error measured: --min-gain is the margin
-    assert split_margin(coeffs, 0.1) == (0.1, "--min-gain: no leave-one-out error measured")
+    assert margin_for_splits(coeffs, 0.1) == (0.1, "--min-gain: no leave-one-out error measured")
 
 
 def test_a_profiled_split_plan_is_kept_only_while_its_splits_pay():

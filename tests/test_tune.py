@@ -178,6 +178,37 @@ def test_a_failing_rank_stops_tune_and_leaves_the_last_good_plan(tmp_path, basel
     assert out.read_text() == "last good plan"
 
 
+def test_tune_tries_a_plan_at_its_own_gain_with_splits_alike(tmp_path):
+    # tune measures every plan it tries, so it asks optimize for TRY_GAIN over the profiled plan
+    # and over the best plan without splits, not optimize's margins for a plan shipped unmeasured
+    import shutil
+    from pathlib import Path
+
+    from sparselift.tune import TRY_GAIN, StepFailed
+
+    fixtures = Path(__file__).parent / "fixtures"
+    calls: list[list[str]] = []
+
+    def run(argv: list[str]) -> int:  # profiles copied from a fixture; optimize fails
+        calls.append(argv)
+        if argv[0] == "profile":
+            outs = [argv[i + 1] for i, a in enumerate(argv) if a == "--out"]
+            outs += [argv[i + 2] for i, a in enumerate(argv) if a == "--also"]
+            for d in outs:
+                shutil.copytree(fixtures / "profile_tiny_table_wise", d)
+        return 3 if argv[0] == "optimize" else 0
+
+    cfg = TrainConfig(workload="tiny", nproc=2, steps=10, warmup=2)
+    out = tmp_path / "out.json"
+    plan = str(fixtures / "tiny_table_wise.plan.json")
+    with pytest.raises(StepFailed):
+        tune(cfg, out, tmp_path / "work", run, baseline=plan, echo=lambda s: None)
+    argv = calls[-1]
+    assert argv[0] == "optimize" and not out.exists()
+    for flag in ("--min-gain", "--split-margin"):
+        assert float(argv[argv.index(flag) + 1]) == TRY_GAIN < 0.10  # optimize's --min-gain
+
+
 def test_the_row_wise_variant_makes_the_largest_table_row_wise_in_even_blocks(tmp_path):
     from sparselift import plans
     from sparselift.tune_plans import row_wise_variant

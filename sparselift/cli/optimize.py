@@ -99,6 +99,14 @@ def register(sub: Any) -> None:
         help="auto (default): the plan may split tables into virtual tables: hot/cold splits "
         "from the profile's hot ids, row ranges and column slices; off: TorchRec's options only",
     )
+    p.add_argument(
+        "--split-margin",
+        type=float,
+        default=None,
+        help="take a plan with splits only if predicted this much faster than the best plan "
+        "without (default: the calibration's largest leave-one-out error, else --min-gain; "
+        "`tune` sets it, since it measures a plan before shipping it)",
+    )
     p.add_argument("--out", required=True, help="plan file to write")
     p.set_defaults(run=run_optimize)
 
@@ -281,6 +289,7 @@ def run_optimize(args: argparse.Namespace) -> int:
             mode=args.mode,
             progress=lambda line: print(line, flush=True),
             min_gain=args.min_gain,
+            split_margin=args.split_margin,
             current=in_force,  # the plan the profile trained with: what a user runs today
             pending_baselines=pending if runs else None,
         )
@@ -318,6 +327,8 @@ def _check_flags(args: argparse.Namespace) -> None:
     positive("--time-limit", args.time_limit)
     positive("--baseline-timeout", args.baseline_timeout)
     positive("--min-gain", args.min_gain, zero_ok=True)
+    if args.split_margin is not None:
+        positive("--split-margin", args.split_margin, zero_ok=True)
     if not 0 <= args.seed <= MAX_SEED:  # CP-SAT's random_seed is a 32-bit int
         raise UserError(f"--seed must be in 0..{MAX_SEED:,}, got {args.seed:,}")
     if args.profile:  # what-if flags a profile would silently ignore

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sparselift.atomic import check_writable
 from sparselift.cli.train import add_training_args, config_from_args
-from sparselift.tune import StepFailed, tune
+from sparselift.tune import TRY_GAIN, StepFailed, tune
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,9 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--min-gain",
         type=float,
-        default=None,
-        help="optimize's --min-gain: the predicted gain a new plan needs to be tried "
-        "(default optimize's, 0.10)",
+        default=TRY_GAIN,
+        help="the predicted gain a new plan needs to be tried (optimize's --min-gain), and a "
+        "plan with splits over the best plan without (--split-margin); default "
+        f"{TRY_GAIN}: each plan tried is measured, and only an A/B win ships",
     )
     p.add_argument(
         "--work", default=None, metavar="DIR", help="keep plans and profiles here (default: temp)"

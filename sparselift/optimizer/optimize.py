@@ -29,10 +29,10 @@ from sparselift.optimizer.problem import Problem, Solution
 from sparselift.optimizer.robust import (
     gate_precision,
     kept_wide,
+    margin_for_splits,
     pipeline_measured,
     pipeline_pays,
     solve_without_dominated,
-    split_margin,
     torchrec_agrees,
 )
 from sparselift.optimizer.space import Choice, OptionClass, PlanWide
@@ -126,6 +126,7 @@ def optimize(
     pending_baselines: PendingBaselines | None = None,
     current: plans.Plan | None = None,
     two_models: bool | None = None,
+    split_margin: float | None = None,
 ) -> Result:
     """Plan: solve, then keep the cheapest baseline unless ours is predicted faster by `min_gain`.
 
@@ -156,6 +157,9 @@ def optimize(
             baseline kept over ours is not, but ours is, ours.
         two_models: whether the plan must also hold under TorchRec's estimator; None: where
             `whatif.two_model_mode` says (benchmarks of SparseLift's model alone pass False).
+        split_margin: the share by which a plan with splits must be predicted faster than the
+            best plan without; None: the calibration's largest leave-one-out error, else
+            `min_gain` (`robust.margin_for_splits`).
     Returns:
         The plan and its record.
     Raises:
@@ -230,7 +234,7 @@ def optimize(
             plain_at[:] = [(plain, *cost(plain))]
             gain = plain_at[0][2].step_time_s / cost(split)[1].step_time_s
             sol = split if gain > 1.0 else plain
-            margin, why = split_margin(inp.coeffs, min_gain)
+            margin, why = margin_for_splits(inp.coeffs, min_gain, split_margin)
             if set(split.choices) - set(by_model) and 1.0 < gain < 1.0 + margin:
                 sol = plain
                 notes.append(

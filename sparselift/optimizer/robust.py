@@ -26,7 +26,8 @@ Four rules, applied around the solve (`optimize`):
   is, keeps either only where no profile measured it to cost (`kept_wide`).
 * *A rewrite only past the model's error.* No profile has run a split the plan would make, so a
   plan with splits is taken over the best plan without only when it is predicted faster by more
-  than the model is measured to miss a plan it was not fitted on (`split_margin`). A profiled
+  than the model is measured to miss a plan it was not fitted on (`margin_for_splits`), or, where
+  a measurement will decide before anything ships (`tune`), by a margin the caller sets. A profiled
   plan with splits is weighed as it is only while the model prices its splits as paying; else
   the best plan without splits stands in for it (`optimize`).
 """
@@ -384,7 +385,9 @@ def torchrec_agrees(
     )
 
 
-def split_margin(coeffs: Coefficients, min_gain: float) -> tuple[float, str]:
+def margin_for_splits(
+    coeffs: Coefficients, min_gain: float, given: float | None = None
+) -> tuple[float, str]:
     """The share by which a plan with splits must be predicted faster than the best plan without
     to be taken, and where that share comes from.
 
@@ -392,7 +395,11 @@ def split_margin(coeffs: Coefficients, min_gain: float) -> tuple[float, str]:
         coeffs: the coefficients planned with; their `held_out_error` (the calibration's largest
             leave-one-out error) is the margin where it was measured.
         min_gain: the margin otherwise (`optimize --min-gain`: the error assumed).
+        given: a margin the caller sets (`optimize --split-margin`): `tune` measures a plan
+            before it ships, so it tries a split the model rates faster by less than its error.
     """
+    if given is not None:
+        return given, "--split-margin"
     if coeffs.held_out_error is not None:
         return coeffs.held_out_error, "the calibration's largest leave-one-out error"
     return min_gain, "--min-gain: no leave-one-out error measured"
