@@ -6,14 +6,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from sparselift.atomic import write_json
 
 
 def same_sharding(a: str | Path, b: str | Path) -> bool:
-    """Whether two plan files make the same choices (tables, splits, pipeline, comm precision)."""
-    pa, pb = (json.loads(Path(p).read_text()) for p in (a, b))
-    return all(pa.get(k) == pb.get(k) for k in ("tables", "splits", "pipeline", "comm_precision"))
+    """Whether two plan files make the same choices (tables, splits, pipeline, comm precision),
+    in whatever order they list their tables and splits (a kept profiled plan lists them as the
+    model does, a solved one by name)."""
+
+    def choices(path: str | Path) -> tuple[Any, ...]:
+        p = json.loads(Path(path).read_text())
+        by_name = {t["name"]: t for t in p.get("tables", [])}
+        splits = {s["table"]: s for s in p.get("splits") or []}
+        return by_name, splits, p.get("pipeline"), p.get("comm_precision")
+
+    return choices(a) == choices(b)
 
 
 def plan_variant(plan: str, work: Path, pipeline: str, sixteen_bit: bool = False) -> str:
