@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from sparselift.analysis.compare import steady_steps
+from sparselift.analysis.split_cost_fit import median_step_costs
 from sparselift.atomic import write_bytes, write_json
 from sparselift.bench import MAX_ROUNDS
 from sparselift.errors import UserError
-from sparselift.profile_manifest import shared_cores
+from sparselift.profile_manifest import read_manifest, shared_cores
 from sparselift.tune_ab import fastest_beside_baseline, run_ab
 from sparselift.tune_plans import calibration_plans, same_sharding
 from sparselift.workloads.harness import MAX_STEPS, TrainConfig
@@ -91,6 +92,8 @@ class Iteration:
             (`calibration.HeldOut` as JSON; [] while there is one base profile).
         levelled_step_s: `measured_step_s` at the speed of the job the prediction was made
             in: × the baseline's step there ÷ its step beside this plan (None for the first).
+        split_costs_s: a split plan's batch transform and recombination a step, medians of its
+            profile's steady steps (`split_cost_fit.median_step_costs`; None without splits).
     """
 
     plan: str
@@ -101,6 +104,7 @@ class Iteration:
     baseline_step_s: float
     held_out: list[dict[str, Any]] = field(default_factory=list)
     levelled_step_s: float | None = None
+    split_costs_s: tuple[float, float] | None = None
 
 
 @dataclass
@@ -262,8 +266,9 @@ def tune(
         held = json.loads(Path(prof, "calibration.json").read_text()).get("held_out", [])
         there = result.iterations[-1].baseline_step_s if result.iterations else None
         levelled = None if there is None else measured * there / base_step
+        costs = median_step_costs(read_manifest(own))
         result.iterations.append(
-            Iteration(plan, own, predicted, measured, nxt, base_step, held, levelled)
+            Iteration(plan, own, predicted, measured, nxt, base_step, held, levelled, costs)
         )
         pred = "—" if predicted is None else f"{predicted * 1e3:.2f} ms"
         loo = ", ".join(f"{Path(h['profile']).name} {h['error']:+.1%}" for h in held)
@@ -277,6 +282,12 @@ def tune(
             f"tune: iteration {i}: {Path(plan).name} predicted {pred}, measured "
             f"{measured * 1e3:.2f} ms (steady steps){beside}"
             + (f"; leave-one-out errors of the joint calibration: {loo}" if loo else "")
+            + (
+                ""
+                if costs is None
+                else f"; its splits' batch transform {costs[0] * 1e3:.2f} ms a step "
+                f"({costs[0] / measured:.1%} of it) and recombination {costs[1] * 1e3:.2f} ms"
+            )
         )
         for line in dict.fromkeys(planned.splitlines()):  # the next plan's choices, and why
             if line.startswith(OPTIMIZER_VERDICTS):

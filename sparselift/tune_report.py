@@ -20,10 +20,11 @@ from sparselift.tune import TuneResult
 def iteration_table(result: TuneResult) -> pd.DataFrame:
     """One row per profiled plan: predicted and measured step (ms), the baseline's beside it,
     the measured step at the speed of the job the prediction was made in (`levelled_step_s`),
-    and the prediction's error against that."""
+    the prediction's error against that, and a split plan's transform and recombination a
+    step."""
     rows = []
     for i, it in enumerate(result.iterations):
-        pred, levelled = it.predicted_step_s, it.levelled_step_s
+        pred, levelled, costs = it.predicted_step_s, it.levelled_step_s, it.split_costs_s
         rows.append(
             {
                 "iteration": i,
@@ -35,6 +36,8 @@ def iteration_table(result: TuneResult) -> pd.DataFrame:
                 "error": None
                 if pred is None or levelled is None
                 else f"{pred / levelled - 1:+.1%}",
+                "transform ms": None if costs is None else round(costs[0] * 1e3, 3),
+                "recombination ms": None if costs is None else round(costs[1] * 1e3, 3),
                 "next plan": Path(it.next_plan).name,
             }
         )

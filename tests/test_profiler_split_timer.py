@@ -10,7 +10,11 @@ import pytest
 import torch
 from test_plans_virtual import ebc_of, kjt_of, random_feats, two_feature_plan
 
-from sparselift.analysis.split_cost_fit import recombine_in_step, transform_in_step
+from sparselift.analysis.split_cost_fit import (
+    median_step_costs,
+    recombine_in_step,
+    transform_in_step,
+)
 from sparselift.calibration import Calibration, OpFit
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import Linear, coefficients
@@ -64,6 +68,17 @@ def test_the_stand_alone_fits_are_scaled_by_what_the_steps_measured():
     # without step records (profiles of plans without splits, older manifests): as fitted
     assert transform_in_step(tx, [{}, {"split_cost_s": None}]) == tx
     assert recombine_in_step(None, manifests) is None
+
+
+def test_a_split_profiles_costs_a_step_are_the_medians_over_every_ranks_steps():
+    # what `tune` reports per iteration: rank 0 took 1, 2 and 9 ms to transform, rank 1 4 and 5
+    def rec(tx_ms: float, rc_ms: float) -> list[float]:
+        return [tx_ms / 1e3, 1.0, 1000.0, rc_ms / 1e3, 10.0, 20.0]
+
+    ranks = [[rec(1, 0.5), rec(2, 0.1), rec(9, 0.2)], [rec(4, 0.3), rec(5, 0.4)]]
+    tx, rc = median_step_costs({"split_cost_s": ranks}) or (0.0, 0.0)
+    assert (tx, rc) == (pytest.approx(4e-3), pytest.approx(0.3e-3))
+    assert median_step_costs({"split_cost_s": None}) is None and median_step_costs({}) is None
 
 
 def test_split_costs_are_measured_only_where_a_split_plans_steps_timed_them():

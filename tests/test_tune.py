@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from sparselift.analysis.compare import ratio_interval, steady_steps
 from sparselift.cli import main
 from sparselift.tune import tune
 from sparselift.tune_ab import ab_interval, fastest_beside_baseline
-from sparselift.tune_report import write_tune_report
+from sparselift.tune_report import iteration_table, write_tune_report
 from sparselift.workloads.harness import TrainConfig
 from sparselift.workloads.launch import RankFailed
 
@@ -163,6 +164,11 @@ def test_a_split_candidates_profile_is_fitted_with_the_rest_and_a_return_ends_th
     # an A/B only where it ran faster beside the baseline
     assert len(res.iterations) == 2 and res.fixed_point
     split = res.iterations[1]
+    # the split plan's transform and recombination, as its profile's steps paid them
+    assert res.iterations[0].split_costs_s is None
+    assert split.split_costs_s is not None and min(split.split_costs_s) > 0
+    shown = iteration_table(res)["transform ms"].tolist()
+    assert pd.isna(shown[0]) and shown[1] == round(split.split_costs_s[0] * 1e3, 3)
     if split.measured_step_s < split.baseline_step_s:
         assert res.candidate == split.plan and len(res.ab_ratios) == LOOP["rounds"]
     else:

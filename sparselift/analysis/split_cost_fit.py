@@ -36,6 +36,18 @@ def step_records(manifests: Sequence[dict[str, Any]]) -> list[list[float]]:
     ]
 
 
+def median_step_costs(manifest: dict[str, Any]) -> tuple[float, float] | None:
+    """A split plan's profile's batch transform and recombination seconds a step: the medians
+    over every rank's steady steps; None for a profile without them (a plan without splits)."""
+    records = step_records([manifest])
+    if not records:
+        return None
+    transform, recombine = (
+        float(np.median([r[k] for r in records])) for k in (TRANSFORM_S, RECOMBINE_S)
+    )
+    return transform, recombine
+
+
 def scaled(
     fit: OpFit | None, records: list[list[float]], seconds: int, priced: Callable[..., float]
 ) -> OpFit | None:
