@@ -37,9 +37,9 @@ if r["ratio"] is None:
     print("demo: SparseLift's plan is TorchRec's plan: kept TorchRec's plan (no measured ratio)")
 elif r["shipped"] == "candidate":
     print(f"demo: SparseLift's plan measured {r['ratio']:.2f}x faster than TorchRec's "
-          f"(95 % interval {r['low']:.2f}-{r['high']:.2f}, {len(r['ab_ratios'])} rounds side by side)")
+          f"({r['confidence']:.1%} interval {r['low']:.2f}-{r['high']:.2f}, {len(r['ab_ratios'])} rounds side by side)")
 else:
-    print(f"demo: SparseLift's plan was not measured faster ({r['ratio']:.2f}x, 95 % interval "
+    print(f"demo: SparseLift's plan was not measured faster ({r['ratio']:.2f}x, {r['confidence']:.1%} interval "
           f"{r['low']:.2f}-{r['high']:.2f}): kept TorchRec's plan")
 PY
 echo "demo: reports in $out/tune.html, $out/report.html and $out/plans.html; notebooks in notebooks/ read $out"

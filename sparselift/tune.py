@@ -120,6 +120,8 @@ class TuneResult:
             mean over its models (empty without A/B).
         ratio, low, high: the median per-round ratio and the interval over every pair of
             models (`tune_ab.ab_interval`; None without A/B).
+        confidence: that interval's; ab_jobs: the A/B's jobs (0 without A/B, 2 where the first
+            left the verdict open).
         shipped: "candidate" or "baseline".
         reason: one line saying why.
     """
@@ -132,6 +134,8 @@ class TuneResult:
     ratio: float | None = None
     low: float | None = None
     high: float | None = None
+    confidence: float | None = None
+    ab_jobs: int = 0
     shipped: str = "baseline"
     reason: str = ""
 
@@ -150,6 +154,7 @@ def tune(
     run_command: Command,
     *,
     rounds: int = 8,
+    more_rounds: int | None = None,
     max_iterations: int = 3,
     profile_steps: int = 8,
     after: int = 5,
@@ -169,6 +174,8 @@ def tune(
         work: a directory for the loop's plans, profiles and `tune.json`.
         run_command: runs one `sparselift` command line (`sparselift.cli.main`).
         rounds: A/B rounds (turns of `cfg.steps` steps each, side by side in one job).
+        more_rounds: rounds of a second A/B job where the first leaves the verdict open
+            (`tune_ab.run_ab`); None: `rounds`; 0: no second job.
         max_iterations: profiles of candidate plans at most (the baseline's is extra).
         profile_steps, after: profiled steps, and steady steps timed after the window.
         time_limit_s: `optimize --time-limit`.
@@ -189,7 +196,10 @@ def tune(
     if not 0.0 <= min_gain <= 10.0:  # NaN fails both
         raise UserError(f"--min-gain must be in 0..10, got {min_gain}")
     spec = cfg.validate()
+    more_rounds = rounds if more_rounds is None else more_rounds
     check_loop_args(cfg, rounds, profile_steps, after, time_limit_s, baseline)
+    if not 0 <= more_rounds <= MAX_ROUNDS:
+        raise UserError(f"--more-rounds must be in 0..{MAX_ROUNDS}, got {more_rounds:,}")
     work = Path(work)
     if work.exists() and not work.is_dir():
         raise UserError(f"--work {work}: not a directory")
@@ -311,9 +321,10 @@ def tune(
         result.shipped, result.reason = "baseline", "SparseLift's plan is the baseline's: kept it"
     else:
         base = dataclasses.replace(cfg, hook=ab_hook, hook_args=ab_hook_args or {})
-        ab = run_ab(base, work, result.candidate, result.baseline, rounds, echo)
+        ab = run_ab(base, work, result.candidate, result.baseline, rounds, echo, more_rounds)
         result.ab_ratios, result.shipped, result.reason = ab.ratios, ab.shipped, ab.reason
         result.ratio, result.low, result.high = ab.ratio, ab.low, ab.high
+        result.confidence, result.ab_jobs = ab.confidence, ab.jobs
     shipped = result.candidate if result.shipped == "candidate" else result.baseline
     write_json(work / "tune.json", result.to_json())
     write_bytes(out, Path(shipped).read_bytes())

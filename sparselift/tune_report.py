@@ -84,7 +84,9 @@ def tune_sections(result: TuneResult, work: str | Path) -> list[tuple[str, Any]]
         )
         sections.append(
             (
-                f"A/B: median {result.ratio:.3f}x, interval {result.low:.3f}-{result.high:.3f}",
+                f"A/B: median {result.ratio:.3f}x, {result.confidence or 0:.1%} interval "
+                f"{result.low:.3f}-{result.high:.3f}, {len(result.ab_ratios)} rounds in "
+                f"{result.ab_jobs} job{'s' if result.ab_jobs > 1 else ''}",
                 rounds,
             )
         )

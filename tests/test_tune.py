@@ -170,7 +170,7 @@ def test_a_split_candidates_profile_is_fitted_with_the_rest_and_a_return_ends_th
     shown = iteration_table(res)["transform ms"].tolist()
     assert pd.isna(shown[0]) and shown[1] == round(split.split_costs_s[0] * 1e3, 3)
     if split.measured_step_s < split.baseline_step_s:
-        assert res.candidate == split.plan and len(res.ab_ratios) == LOOP["rounds"]
+        assert res.candidate == split.plan and len(res.ab_ratios) == LOOP["rounds"] * res.ab_jobs
     else:
         assert res.candidate == baseline and res.shipped == "baseline" and res.ab_ratios == []
 
@@ -262,3 +262,67 @@ def test_plans_that_list_their_tables_in_another_order_shard_the_same(tmp_path):
     plan["tables"][0]["ranks"] = [1 - plan["tables"][0]["ranks"][0]]
     (tmp_path / "moved.json").write_text(json.dumps(plan))
     assert not same_sharding(rr, tmp_path / "moved.json")
+
+
+def _simulated_bench(speedups: list[float], noise: float, seed: int):
+    """A stand-in for `run_bench`: job k's candidate models run `speedups[k]` times the
+    baseline's steps/s, each round of each model off by lognormal noise of sd `noise`."""
+    import numpy as np
+
+    from sparselift.bench import BenchResult
+
+    rng = np.random.default_rng(seed)
+    rounds_run: list[int] = []
+
+    def bench(cfg, contenders, rounds, echo=None):
+        speed = speedups[len(rounds_run)]
+        rounds_run.append(rounds)
+        for c in contenders:
+            gain = speed if c.label.startswith("candidate") else 1.0
+            c.steps_per_s = list(10.0 * gain * np.exp(rng.normal(0.0, noise, rounds)))
+        return BenchResult("sim", 2, rounds, 10, contenders)
+
+    return bench, rounds_run
+
+
+def test_an_open_ab_runs_a_second_job_and_judges_both_jobs_rounds(tmp_path):
+    from sparselift.tune_ab import CONFIDENCE, run_ab
+
+    cfg = TrainConfig(workload="tiny", nproc=2, steps=10)
+    said: list[str] = []
+    # 1.05x at 3 % noise a round (seed 2): 8 rounds leave it open, 14 ship it
+    bench, rounds_run = _simulated_bench([1.05, 1.05], 0.03, seed=2)
+    ab = run_ab(cfg, tmp_path, "cand.json", "base.json", 8, said.append, 6, bench=bench)
+    assert rounds_run == [8, 6] and ab.jobs == 2 and len(ab.ratios) == 14
+    assert ab.confidence == pytest.approx(1 - (1 - CONFIDENCE) / 2)
+    assert any(line.startswith("tune: A/B undecided after 8 rounds") for line in said)
+    assert (tmp_path / "bench-2.json").exists() and ab.shipped == "candidate"
+    assert "14 rounds side by side in 2 jobs" in ab.reason
+    # decided by the first job (clearly faster, or clearly not): no second job
+    for speed, shipped in ((1.5, "candidate"), (0.7, "baseline")):
+        bench, rounds_run = _simulated_bench([speed, 1.0], 0.02, seed=4)
+        ab = run_ab(cfg, tmp_path, "cand.json", "base.json", 8, said.append, 8, bench=bench)
+        assert rounds_run == [8] and ab.jobs == 1 and ab.shipped == shipped
+    # no second job asked for: one look at the full confidence
+    bench, rounds_run = _simulated_bench([1.05, 1.05], 0.03, seed=2)
+    ab = run_ab(cfg, tmp_path, "cand.json", "base.json", 8, said.append, 0, bench=bench)
+    assert rounds_run == [8] and ab.confidence == CONFIDENCE and ab.shipped == "baseline"
+
+
+def test_a_second_look_ships_a_plan_that_is_no_faster_no_more_often(tmp_path):
+    # seeded A/Bs at 3 % noise a round: a plan no faster ships as rarely with the second job as
+    # with one look at the full confidence, and a 5 % faster plan ships more often
+    from sparselift.tune_ab import run_ab
+
+    cfg = TrainConfig(workload="tiny", nproc=2, steps=10)
+
+    def ship_rate(speed: float, more: int) -> float:
+        shipped = 0
+        for seed in range(150):
+            bench, _ = _simulated_bench([speed, speed], 0.03, seed)
+            ab = run_ab(cfg, tmp_path, "c.json", "b.json", 8, lambda s: None, more, bench=bench)
+            shipped += ab.shipped == "candidate"
+        return shipped / 150
+
+    assert ship_rate(1.0, 8) <= max(ship_rate(1.0, 0), 0.05)
+    assert ship_rate(1.05, 8) > ship_rate(1.05, 0)

@@ -26,6 +26,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--rounds", type=int, default=8, help="A/B rounds: turns of --steps steps (default 8)"
     )
     p.add_argument(
+        "--more-rounds",
+        type=int,
+        default=None,
+        help="A/B rounds of a second job where the first leaves the verdict open (median "
+        "faster, interval not past 1); default: --rounds; 0: one job only",
+    )
+    p.add_argument(
         "--max-iterations", type=int, default=3, help="candidate profiles at most (default 3)"
     )
     p.add_argument("--profile-steps", type=int, default=8, help="profiled steps (default 8)")
@@ -78,6 +85,7 @@ def run_tune(args: argparse.Namespace) -> int:
                 work,
                 main,
                 rounds=args.rounds,
+                more_rounds=args.more_rounds,
                 max_iterations=args.max_iterations,
                 profile_steps=args.profile_steps,
                 after=args.after,
