@@ -19,8 +19,9 @@ the baseline where any ran faster, else the plan the loop ended at. Then it meas
 and baseline in an A/B: both trained side by side in one job, taking turns
 (`workloads.side_by_side`), each plan as two models (two models of one plan step apart by where
 their memory landed). The candidate is shipped only when the lower end of the interval of the
-measured ratio, over every pair of models, is above 1: a model's prediction is evidence for
-trying a plan, not for shipping it.
+measured ratio, over every pair of models, is above 1 (where the first job leaves that open, a
+second job's rounds are judged with it: `tune_ab`): a model's prediction is evidence for trying
+a plan, not for shipping it.
 
 Each step runs a `sparselift` command in-process (profile, analyze, optimize, plan: the caller
 passes the CLI's entry point, so this module does not import the CLI), so it takes the same

@@ -86,6 +86,7 @@ optimize-seed-huge | $OPT $W --seed 99999999999 $P | $SEED
 optimize-seed-negative | $OPT $W --seed -1 $P | $SEED
 optimize-calibration-with-profile | $OPT --profile {prof} --calibration {cal_world} $P | $CAL
 optimize-max-rows-with-profile | $OPT --profile {prof} --max-rows 10 $P | --max-rows is for
+optimize-split-margin-negative | $OPT $W --split-margin -0.1 $P | --split-margin must be a finite
 optimize-baseline-out-is-out | $BASE --baseline-out {tmp}/p.json | {tmp}/p.json is also --out
 
 plan-validate-other-world | plan validate {rr4} --world-size 2 | {rr4}: plan is for world_size 4
@@ -97,6 +98,7 @@ tune-baseline-missing | $TUNE --baseline {tmp}/nope.json | {tmp}/nope.json: cann
 tune-baseline-malformed | $TUNE --baseline {malformed} | {malformed}: malformed JSON
 tune-baseline-other-world | $TUNE --baseline {rr4} | {rr4}: plan is for world_size 4, this job has 2
 tune-rounds-zero | $TUNE --rounds 0 | --rounds must be in 1..
+tune-more-rounds-negative | $TUNE --more-rounds -1 | --more-rounds must be in 0..
 tune-profile-steps-zero | $TUNE --profile-steps 0 | --profile-steps must be in 1..
 tune-after-negative | $TUNE --after -1 | --after must be in 0..
 tune-time-limit-nan | $TUNE --time-limit nan | --time-limit must be a finite number > 0, got nan
