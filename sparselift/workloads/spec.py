@@ -281,8 +281,9 @@ def _parse_table(t: Any, i: int, source: str) -> TableSpec:
     if pooling == "fixed" and pf != int(pf):
         raise UserError(f"{where}: fixed pooling needs an integer pooling_factor, got {pf}")
     alpha = number(t, "zipf_alpha", where, 0.0, MAX_ZIPF_ALPHA, 0.0)
-    features = tuple(get(t, "feature_names", list, where) if "feature_names" in t else [])
-    if "feature_names" in t and not features or not all(isinstance(f, str) and f for f in features):
+    named = "feature_names" in t
+    features = tuple(get(t, "feature_names", list, where) if named else [])
+    if (named and not features) or not all(isinstance(f, str) and f for f in features):
         raise UserError(f"{where}: feature_names must be a non-empty list of non-empty strings")
     sequence = t.get("sequence", False)
     if not isinstance(sequence, bool):
