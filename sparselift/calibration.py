@@ -24,6 +24,7 @@ from typing import Any
 from sparselift.atomic import json_bytes, write_bytes
 from sparselift.errors import UserError
 from sparselift.jsonfile import (
+    MAX_SECONDS,
     is_number,
     optional,
     optional_bool,
@@ -320,16 +321,19 @@ def _op_fit(kind: Any, op: Any, where: str) -> OpFit:
     """One entry of `ops`, checked: numeric a_s and b_s, and the optional fields' types."""
     if not isinstance(op, Mapping) or not all(is_number(op.get(k)) for k in ("a_s", "b_s")):
         raise UserError(f"{where}: op {kind!r} needs numeric a_s and b_s")
-    bad = next((k for k in ("a_s", "b_s") if not math.isfinite(op[k])), None)
-    if bad is not None:
-        raise UserError(f"{where}: op {kind!r}: {bad} must be finite, got {op[bad]!r}")
+    bad = next((k for k in ("a_s", "b_s") if not abs(op[k]) <= MAX_SECONDS), None)
+    if bad is not None:  # a fit's intercept or slope may be negative (noise on few points)
+        raise UserError(
+            f"{where}: op {kind!r}: {bad} must be seconds in ±{MAX_SECONDS:g}, got {op[bad]!r}"
+        )
     at = f"op {kind!r}: "
     x = optional(op, "x", str, where, at)
     n = optional(op, "n", int, where, at)
-    r2, overlap, calls, sync_s, unique_w, bag_w = (
+    r2, overlap, calls, unique_w, bag_w = (
         optional_number(op, k, where, at)
-        for k in ("r2", "overlap", "calls", "sync_s", "unique_weight", "bag_weight")
+        for k in ("r2", "overlap", "calls", "unique_weight", "bag_weight")
     )
+    sync_s = optional_seconds(op, "sync_s", where, at)
     return OpFit(
         x="" if x is None else x,
         a_s=float(op["a_s"]),

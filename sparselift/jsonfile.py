@@ -16,6 +16,10 @@ from typing import Any
 
 from sparselift.errors import UserError
 
+# The most seconds a measured duration may hold (a day): beyond it a file's number is no
+# measurement, and times in integer nanoseconds would overflow the solver's 64 bits.
+MAX_SECONDS = 86_400.0
+
 
 def read_json(path: str | Path, what: str) -> Any:
     """Decoded JSON of `path`; UserError if it is missing, unreadable or malformed."""
@@ -77,21 +81,32 @@ def optional_bool(doc: Mapping[str, Any], key: str, where: str) -> bool | None:
 
 
 def optional_number(doc: Mapping[str, Any], key: str, where: str, at: str = "") -> float | None:
-    """float(doc[key]) if present and not null, else None; UserError if it is not a number."""
+    """float(doc[key]) if present and not null, else None; UserError if it is not a finite
+    number (Python's JSON reader takes NaN and Infinity, which no writer here writes)."""
+    v = _number(doc, key, where, at)
+    if v is not None and not math.isfinite(v):
+        raise UserError(f"{where}: {at}{key} must be a finite number, got {v}")
+    return v
+
+
+def optional_seconds(doc: Mapping[str, Any], key: str, where: str, at: str = "") -> float | None:
+    """`optional_number`, and UserError unless it is ≥ 0 and at most `MAX_SECONDS`."""
+    v = _number(doc, key, where, at)
+    if v is not None and not 0 <= v <= MAX_SECONDS:
+        raise UserError(
+            f"{where}: {at}{key} must be a finite number >= 0 (seconds, at most "
+            f"{MAX_SECONDS:g}), got {v:g}"
+        )
+    return v
+
+
+def _number(doc: Mapping[str, Any], key: str, where: str, at: str) -> float | None:
     v = doc.get(key)
     if v is None:
         return None
     if not is_number(v):
         raise UserError(f"{where}: {at}{key} must be a number")
     return float(v)
-
-
-def optional_seconds(doc: Mapping[str, Any], key: str, where: str) -> float | None:
-    """`optional_number`, and UserError unless it is finite and ≥ 0."""
-    v = optional_number(doc, key, where)
-    if v is not None and not (math.isfinite(v) and v >= 0):
-        raise UserError(f"{where}: {key} must be a finite number >= 0, got {v}")
-    return v
 
 
 def strings(doc: Mapping[str, Any], key: str, where: str, at: str = "") -> list[str]:

@@ -43,6 +43,31 @@ TABLES = (
     "a list of objects, each with a string 'name'",
     _list_of(lambda t: _object(t) and isinstance(t.get("name"), str)),
 )
+
+
+def _pair(v: Any) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(_int(x, 0) for x in v)
+
+
+def _shard(v: Any) -> bool:
+    return (
+        _object(v) and _int(v.get("rank"), 0) and _pair(v.get("offsets")) and _pair(v.get("sizes"))
+    )
+
+
+def _sharding_entry(e: Any) -> bool:
+    """A table's sharding as the profiler records it (a plan's table entry, `PlanTable`)."""
+    return (
+        _object(e)
+        and isinstance(e.get("table"), str)
+        and all(
+            e.get(k) is None or isinstance(e[k], str) for k in ("sharding_type", "compute_kernel")
+        )
+        and (e.get("ranks") is None or _list_of(lambda r: _int(r, 0))(e["ranks"]))
+        and (e.get("shards") is None or _list_of(_shard)(e["shards"]))
+    )
+
+
 # top-level key → (what it must be, in words; the test of a present, non-null value)
 SHAPES: dict[str, tuple[str, Any]] = {
     "local_world_size": ("an integer >= 1", lambda v: _int(v, 1)),
@@ -65,7 +90,11 @@ SHAPES: dict[str, tuple[str, Any]] = {
     "tables": TABLES,
     "model_tables": TABLES,
     "splits": ("a list of objects", _list_of(_object)),
-    "sharding": ("a list of objects", _list_of(_object)),
+    "sharding": (
+        "a list of objects, each with a string 'table', 'ranks' (integers >= 0) and 'shards' "
+        "(objects of an integer 'rank' and 'offsets' and 'sizes' of 2 integers >= 0)",
+        _list_of(_sharding_entry),
+    ),
     "files": ("an object", _object),
     "comm_precision": ("an object", _object),
     "batch_transform": ("an object", _object),
@@ -120,13 +149,20 @@ def read_manifest(d: str | Path) -> dict[str, Any]:
         raise UserError(f"{p}: 'world_size' missing or not a positive integer")
     _check(p, m, SHAPES, "")
     _check(p, m.get("files") or {}, FILE_SHAPES, "files.")
-    beyond = [r for r in m.get("missing_ranks") or [] if r >= m["world_size"]]
-    if beyond:
-        raise UserError(
-            f"{p}: 'missing_ranks' names rank {beyond[0]}, not a rank of world_size "
-            f"{m['world_size']}"
-        )
+    for key, ranks in (
+        ("missing_ranks", m.get("missing_ranks") or []),
+        ("sharding", [r for e in m.get("sharding") or [] for r in _ranks_of(e)]),
+    ):
+        beyond = [r for r in ranks if r >= m["world_size"]]
+        if beyond:
+            raise UserError(
+                f"{p}: '{key}' names rank {beyond[0]}, not a rank of world_size {m['world_size']}"
+            )
     return m
+
+
+def _ranks_of(e: dict[str, Any]) -> list[int]:
+    return [*(e.get("ranks") or []), *(s["rank"] for s in e.get("shards") or [])]
 
 
 def check_unique_tables(d: str | Path, m: dict[str, Any]) -> None:

@@ -34,6 +34,11 @@ MANIFESTS = {
     "m_batch": ("batch_size", "x"),
     "m_files": ("files", "x"),
     "m_sharding": ("sharding", ["x"]),
+    "m_shard_sizes": ("sharding", [{"table": "t0", "shards": [{"rank": 0, "sizes": True}]}]),
+    "m_shard_rank": (
+        "sharding",
+        [{"table": "t0", "shards": [{"rank": 5, "offsets": [0, 0], "sizes": [9, 4]}]}],
+    ),
     "m_tables": ("tables", ["x"]),
     "m_missing": ("missing_ranks", [7]),
     "m_steps": ("step_times_s", "x"),
@@ -49,12 +54,16 @@ MACROS = {
     "$SEED": "--seed must be in 0..2,147,483,647",
     "$CAL": "--calibration is for --workload",
     "$ACCESS": "access_stats.parquet: unreadable Parquet",
+    "$BWD": "op 'lookup_bwd':",
+    "$FWD": "op 'output_dist_fwd':",
 }
 
 MANIFEST_CASES = """
 m_batch | 'batch_size' must be an integer >= 1, got 'x'
 m_files | 'files' must be an object, got 'x'
 m_sharding | 'sharding' must be a list of objects
+m_shard_sizes | 'sharding' must be a list of objects, each with a string 'table', 'ranks'
+m_shard_rank | 'sharding' names rank 5, not a rank of world_size 2
 m_tables | 'tables' must be a list of objects, each with a string 'name'
 m_missing | 'missing_ranks' names rank 7, not a rank of world_size 2
 m_steps | 'step_times_s' must be a list (per rank) of lists of finite numbers"""
@@ -81,6 +90,10 @@ calibration-nan-slope | $OPT $W --calibration {cal_nan} $P | {cal_nan}: op 'inpu
 calibration-negative-dense | $OPT $W --calibration {cal_dense} $P | {cal_dense}: dense_step_s $FIN
 calibration-nan-per-type | $OPT $W --calibration {cal_type} $P | {cal_type}: type_overhead_s $FIN
 calibration-zero-world | $OPT $W --calibration {cal_world} $P | {cal_world}: world_size must be at
+calibration-infinite-sync | $OPT $W --calibration {cal_sync} $P | {cal_sync}: $BWD sync_s $FIN
+calibration-year-long-call | $OPT $W --calibration {cal_year} $P | {cal_year}: $FWD a_s must be sec
+calibration-infinite-weight | $OPT $W --calibration {cal_winf} $P | {cal_winf}: $BWD bag_weight must
+calibration-huge-weight | $OPT --profile {cal_huge} $P | the coefficients price lookup_bwd at up to
 
 optimize-seed-huge | $OPT $W --seed 99999999999 $P | $SEED
 optimize-seed-negative | $OPT $W --seed -1 $P | $SEED
@@ -186,6 +199,17 @@ def inputs(tmp_path, analyzed) -> dict[str, Path]:
     put("cal_dense", {**calibration, "dense_step_s": -1.0})
     put("cal_type", {**calibration, "type_overhead_s": math.nan})
     put("cal_world", {**calibration, "world_size": 0})
+
+    def with_op(kind: str, **fields: float) -> dict:
+        return {**calibration, "ops": {**ops, kind: {**ops[kind], **fields}}}
+
+    put("cal_sync", with_op("lookup_bwd", sync_s=math.inf))
+    put("cal_year", with_op("output_dist_fwd", a_s=3.2e7))
+    put("cal_winf", with_op("lookup_bwd", bag_weight=math.inf))
+    # finite, but it prices a lookup past what the solver's 64-bit nanoseconds hold
+    folder("cal_huge", {**profile_files, "manifest.json": json.dumps(manifest)})
+    huge = with_op("lookup_bwd", bag_weight=1e15)
+    (paths["cal_huge"] / "calibration.json").write_text(json.dumps(huge))
 
     plans.save(round_robin(4), tmp_path / "rr4.json")
     paths["rr4"] = tmp_path / "rr4.json"

@@ -202,12 +202,12 @@ def build_exact(p: Problem) -> CpModelVars:
                 m.add(sum(zs) == v)
     fixed_cost, sparse_dist = classes_and_fixed_costs(p, m, use)
     parts = _exact_load_parts(p, use, place)
+    phase_ub = phase_upper_bounds(p, parts.load_ub, len(use))
     shared = []
     for i in range(len(PHASES)):
         sv = m.new_int_var(0, int(parts.load_ub[i]) + 1, f"uniform_load[{PHASES[i]}]")
         m.add(sv == sum(parts.uniform[i]))
         shared.append(sv)
-    phase_ub = phase_upper_bounds(p, parts.load_ub, len(use))
     phase_max = new_phase_max(m, phase_ub)
     for q in range(W):
         h = q // L

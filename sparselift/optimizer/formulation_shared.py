@@ -21,12 +21,16 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
+from sparselift.errors import UserError
 from sparselift.optimizer.cost_model import Group, group_of, type_fixed_costs
 from sparselift.optimizer.costs import PHASES, PhaseTimes
 from sparselift.optimizer.problem import NS, Problem
 from sparselift.optimizer.space import DP, OptionClass
 
 PPM = 1_000_000  # the pipeline overlap's resolution in the integer model
+# The most nanoseconds a phase's upper bound may hold: the phases' sum stays inside 64 bits
+# (sums CP-SAT could still overflow, e.g. by the overlap's PPM, it refuses: `solver`)
+MAX_PHASE_NS = (1 << 62) // len(PHASES)
 ID_PHASE = PHASES.index("input_dist")
 
 UseVars = dict[tuple[str, OptionClass], cp_model.IntVar]
@@ -98,13 +102,27 @@ def classes_and_fixed_costs(
 
 def phase_upper_bounds(p: Problem, load_ub: list[float], n_use: int) -> list[int]:
     """Upper bounds of the phase max variables: the worst loads plus every fixed cost (a TBE
-    per use variable at most, and each collection's four model-parallel types)."""
+    per use variable at most, and each collection's four model-parallel types).
+
+    Raises:
+        UserError: a bound past `MAX_PHASE_NS`: coefficients that price a phase so (e.g. an
+            edited calibration's weight) are no measurement, and the solver's sums would
+            overflow its 64-bit integers.
+    """
     c = p.coeffs
     rs = (c.output_dist_rs_fwd.a_s, c.output_dist_rs_bwd.a_s)
     per_call = max(*(getattr(c, ph).a_s for ph in PHASES), *rs) + c.type_overhead_s
     collections = len({t.collection or "" for t in p.tables})
     fixed_ub = to_ns(per_call) * (n_use + 4 * collections)
-    return [int(load_ub[i]) + fixed_ub + 1 for i in range(len(PHASES))]
+    bounds = [int(load_ub[i]) + fixed_ub + 1 for i in range(len(PHASES))]
+    worst = max(range(len(PHASES)), key=bounds.__getitem__)
+    if bounds[worst] > MAX_PHASE_NS:
+        raise UserError(
+            f"{c.source}: the coefficients price {PHASES[worst]} at up to "
+            f"{bounds[worst] / NS:.3g} s a step, past the {MAX_PHASE_NS / NS:.3g} s a plan can be "
+            "solved for: recalibrate (`sparselift analyze`) or check the calibration's numbers"
+        )
+    return bounds
 
 
 def new_phase_max(m: cp_model.CpModel, phase_ub: list[int]) -> list[cp_model.IntVar]:
