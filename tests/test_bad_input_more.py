@@ -19,6 +19,7 @@ import math
 import shlex
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from bad_input_cases import FIXTURES, analyzed_fixture_profile, assert_refused, expand, rows
 from plans_helpers import round_robin
@@ -78,6 +79,8 @@ CASES = """
 optimize-profile-no-manifest | $OPT --profile {nomanifest} $P | {nomanifest}/manifest.json: missing
 optimize-profile-bad-access | $OPT --profile {badaccess} $P | {badaccess}/$ACCESS
 check-profile-bad-access | plan check {digest} --profile {badaccess} | {badaccess}/$ACCESS
+optimize-profile-infinite-zipf | $OPT --profile {infzipf} $P | 'zipf_alpha' of table 't1' holds inf
+check-profile-negative-ids | plan check {digest} --profile {negids} | 'ids' of table 't0' holds -5
 
 topology-nan | $OPT $W --topology {topo_nan} $P | {topo_nan}: intra_host_bw $FIN, got nan
 topology-inf | $OPT $W --topology {topo_inf} $P | {topo_inf}: intra_host_bw $FIN, got inf
@@ -182,6 +185,14 @@ def inputs(tmp_path, analyzed) -> dict[str, Path]:
     folder("nomanifest", profile_files)
     bad_access = {"access_stats.parquet": b"garbage", "manifest.json": json.dumps(manifest)}
     folder("badaccess", {**profile_files, **bad_access})
+    for name, column, table, value in (
+        ("infzipf", "zipf_alpha", "t1", math.inf),
+        ("negids", "ids", "t0", -5),
+    ):
+        stats = pd.read_parquet(prof / "access_stats.parquet")
+        stats.loc[stats["table"] == table, column] = value
+        folder(name, {**profile_files, "manifest.json": json.dumps(manifest)})
+        stats.to_parquet(paths[name] / "access_stats.parquet")
 
     topology = {"format": "sparselift-topology", "version": 1, "world_size": 2, "device": "cpu"}
     put("topo_nan", {**topology, "intra_host_bw": math.nan})

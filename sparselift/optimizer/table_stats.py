@@ -123,6 +123,7 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
         raise UserError(
             f"{path}: missing columns {', '.join(missing)}" if missing else f"{path}: no rows"
         )
+    _check_values(df, path)
     manifest = _manifest(Path(profile_dir))
     features, sequence, processed = _manifest_tables(manifest)
     collections = _collections(manifest)
@@ -165,6 +166,45 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
             )
         )
     return out, int(df["batch_size"].median())
+
+
+# access_stats.parquet's numeric columns read here → (least value, most value or None)
+VALUE_RANGES: dict[str, tuple[float, float | None]] = {
+    "num_embeddings": (1, None),
+    "embedding_dim": (1, None),
+    "batch_size": (1, None),
+    "ids": (0, None),
+    "zipf_alpha": (0, None),
+    "top1pct_share": (0, 1),
+    "top10pct_share": (0, 1),
+}
+
+
+def _check_values(df: Any, path: Path) -> None:
+    """Refuse a value no profiler writes (a hand-edited or damaged file): each of
+    `VALUE_RANGES`' columns present holds finite numbers in its range (shares may be null).
+
+    Raises:
+        UserError: naming the file, the column, a table that holds the value, and the value.
+    """
+    import pandas as pd
+
+    for c, (low, high) in VALUE_RANGES.items():
+        if c not in df:
+            continue
+        v = pd.to_numeric(df[c], errors="coerce").astype(float)
+        nullable = c not in ("num_embeddings", "embedding_dim", "batch_size", "ids")
+        ok = v.between(low, high if high is not None else float("inf")) & v.abs().lt(float("inf"))
+        bad = ~(ok | (v.isna() & df[c].isna() & nullable))
+        if bad.any():
+            i = int(bad.to_numpy().argmax())
+            value = df[c].iloc[i]
+            value = value.item() if hasattr(value, "item") else value  # numpy → Python
+            span = f"{low:g}..{high:g}" if high is not None else f">= {low:g}"
+            raise UserError(
+                f"{path}: column {c!r} of table {df['table'].iloc[i]!r} holds {value!r}, "
+                f"not a finite number {span}"
+            )
 
 
 def _manifest(profile_dir: Path) -> dict[str, Any]:
