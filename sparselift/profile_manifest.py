@@ -39,9 +39,28 @@ def _object(v: Any) -> bool:
     return isinstance(v, dict)
 
 
+def _table(t: Any) -> bool:
+    """A table as the profiler records it: only its name is required."""
+    return (
+        _object(t)
+        and isinstance(t.get("name"), str)
+        and all(t.get(k) is None or _int(t[k], 1) for k in ("num_embeddings", "embedding_dim"))
+        and (
+            t.get("feature_names") is None
+            or _list_of(lambda f: isinstance(f, str))(t["feature_names"])
+        )
+        and all(
+            t.get(k) is None or isinstance(t[k], str)
+            for k in ("module", "data_type", "pooling_type")
+        )
+    )
+
+
 TABLES = (
-    "a list of objects, each with a string 'name'",
-    _list_of(lambda t: _object(t) and isinstance(t.get("name"), str)),
+    "a list of objects, each with a string 'name' (and, where present, integers "
+    "'num_embeddings' and 'embedding_dim' >= 1, 'feature_names' a list of strings, strings "
+    "'module', 'data_type' and 'pooling_type')",
+    _list_of(_table),
 )
 
 
