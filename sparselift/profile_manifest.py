@@ -217,7 +217,7 @@ def shared_cores(dirs: list[str] | list[Path]) -> str | None:
     Raises:
         UserError: a directory's manifest is missing or malformed (`read_manifest`).
     """
-    crowded = [(d, c) for d in dirs if (c := _crowded_host(read_manifest(d))) is not None]
+    crowded = [(d, c) for d in dirs if (c := crowded_host(read_manifest(d))) is not None]
     if not crowded:
         return None
     d, (host, ranks, cores) = crowded[0]
@@ -230,8 +230,9 @@ def shared_cores(dirs: list[str] | list[Path]) -> str | None:
     )
 
 
-def _crowded_host(m: dict[str, Any]) -> tuple[str, int, int] | None:
-    """The first host of a CPU profile with more ranks than cores: (host, ranks, cores)."""
+def crowded_host(m: dict[str, Any]) -> tuple[str, int, int] | None:
+    """The first host of a CPU profile (manifest `m`) with more ranks than cores: (host, ranks,
+    cores); None where each rank had a core of its own, or the manifest does not say."""
     hosts, cores = m.get("hosts") or [], m.get("host_cores") or []
     if m.get("device") != "cpu" or len(hosts) != len(cores):
         return None

@@ -115,6 +115,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
     """Statistics, topology, batch size and coefficients from the flags (a profile or a
     workload spec), and the plan the (first) profile trained with, if it describes one."""
     from sparselift.optimizer.coefficients import coefficients, load_calibration
+    from sparselift.optimizer.crowding import crowded_coefficients
     from sparselift.optimizer.optimize import Inputs
     from sparselift.optimizer.profile_input import plan_in_force, read_profile
     from sparselift.optimizer.split_options import split_options
@@ -164,6 +165,8 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
     provenance["topology"] = topo.preset or args.topology
     offered = split_options(stats, topo.world_size, hot) if args.splits == "auto" else {}
     coeffs = coefficients(topo, calibration, dense)
+    if args.profile:  # ranks that shared cores: priced from the plan the first profile ran
+        coeffs = crowded_coefficients(coeffs, args.profile[0], in_force, stats, topo, batch, hot)
     return Inputs(stats, topo, batch, coeffs, provenance, offered, hot or {}), in_force
 
 

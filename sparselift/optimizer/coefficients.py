@@ -108,6 +108,9 @@ class Coefficients:
     # False where the profiles that measured the pipeline's overlap measured it no faster (at
     # the low end of its interval): then it is not chosen, whatever its overlap prices
     pipeline_pays: bool = True
+    # where a host's ranks outnumber its cores, a step lasts at least this × the mean rank's
+    # work (`crowding`); 0: each rank on a core of its own (no such bound)
+    crowd_factor: float = 0.0
     # a 16-bit output collective's net seconds per element over its fp32 cost inside a host, as
     # a profile measured it (`qcomm_quantize`): priced as it is in both directions. None: the
     # wire model prices it (half the wire's bytes saved, `quantize_b_s` paid at both ends)
@@ -165,6 +168,7 @@ COEFFICIENT_NAMES = (
     "batch_transform",
     "recombine_b_s",
     "type_overhead_s",
+    "crowd_factor",
 )
 # The batch transform's cost per split feature and per id routed, where no profile measured it:
 # a few vectorized torch ops per feature on the host (CPU), or on the device (CUDA: launches).

@@ -7,10 +7,12 @@ A step is bulk-synchronous: every collective waits for the slowest rank, so the 
                                                            lookup_bwd, dp_allreduce)
 
 which is ≥ the slowest rank's fwd+bwd compute plus its exposed communication, and what CP-SAT
-minimizes (one max variable per phase). Each table's option contributes, to each rank, a
-`RankLoad` (phase times and memory bytes), depending only on whether the rank holds one of its
-shards ("own"), sits on the same host as a shard ("remote_intra") or on another host
-("remote_inter"). That makes every rank's load a linear expression of the choice variables.
+minimizes (one max variable per phase). Where ranks share cores (`Coefficients.crowd_factor`,
+`crowding`), `evaluate` also takes the step to last at least crowd_factor × the mean rank's work.
+Each table's option contributes, to each rank, a `RankLoad` (phase times and memory bytes),
+depending only on whether the rank holds one of its shards ("own"), sits on the same host as a
+shard ("remote_intra") or on another host ("remote_inter"). That makes every rank's load a
+linear expression of the choice variables.
 
 A collective's bytes are charged where it is unbalanced: a table-wise or column-wise shard's rank
 receives every rank's ids and output gradients and sends its outputs (ids spread over many owners
@@ -299,6 +301,8 @@ class CostModel:
                     ddr_bytes=int(load.ddr_bytes + (0 if gpu else buffer)),
                 )
             )
+        if coeffs.crowd_factor > 0:  # ranks that share cores (`crowding`)
+            step = max(step, coeffs.crowd_factor * mean_rank_work_s(per_rank))
         return PlanCost(
             step_time_s=step,
             phases_s=phases,
@@ -306,6 +310,11 @@ class CostModel:
             dense_step_s=coeffs.dense_step_s,
             plan_wide=plan_wide,
         )
+
+
+def mean_rank_work_s(per_rank: list[RankCost]) -> float:
+    """The mean rank's work in a step: its dense step, lookups and collectives (`RankCost`)."""
+    return sum(r.compute_s + r.comm_s for r in per_rank) / max(1, len(per_rank))
 
 
 def sum_rank_loads(topo: Topology, placed: Iterable[tuple[Choice, Terms]]) -> list[RankLoad]:

@@ -209,6 +209,7 @@ def build_exact(p: Problem) -> CpModelVars:
         m.add(sv == sum(parts.uniform[i]))
         shared.append(sv)
     phase_max = new_phase_max(m, phase_ub)
+    work: list[Any] = []  # every rank's load in every phase (`minimize_step`, crowded hosts)
     for q in range(W):
         h = q // L
         rank_load = [
@@ -217,7 +218,9 @@ def build_exact(p: Problem) -> CpModelVars:
         ]
         for i in range(len(PHASES)):
             m.add(phase_max[i] >= rank_load[i])
-    minimize_step(p, m, phase_max, phase_ub, sparse_dist, use)
+        work += rank_load
+    work_total = sum(work) if p.coeffs.crowd_factor > 0 else 0
+    minimize_step(p, m, phase_max, phase_ub, sparse_dist, use, work_total)
     # implied cuts that tighten the relaxation: the rank holding a table's (largest) shard carries
     # at least the load every rank carries plus that shard's own extra load
     for i in range(len(PHASES)):
@@ -292,7 +295,12 @@ def build_aggregate(p: Problem) -> CpModelVars:
             per_table.setdefault(name, []).append(coef * v)
         for own_load in per_table.values():
             m.add(phase_max[i] >= sum(own_load))
-    minimize_step(p, m, phase_max, phase_ub, sparse_dist, use)
+    work_total = (
+        sum(sum(summed[i]) + W * fixed_cost[i] for i in range(nph))
+        if p.coeffs.crowd_factor > 0
+        else 0
+    )
+    minimize_step(p, m, phase_max, phase_ub, sparse_dist, use, work_total)
     buffer = int(math.ceil(p.pipeline_buffer_bytes))
     add_memory_caps(
         p,

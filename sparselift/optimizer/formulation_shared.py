@@ -138,14 +138,26 @@ def minimize_step(
     phase_ub: list[int],
     sparse_dist: cp_model.IntVar,
     use: UseVars,
+    work_total: Any = 0,
 ) -> None:
     """The objective: Σ phase max − what the pipeline hides of input_dist + its overhead, plus
-    the secondary objective: `risk_penalty_ns` per risky choice (`robust`), the pipeline one."""
+    the secondary objective: `risk_penalty_ns` per risky choice (`robust`), the pipeline one.
+    Where ranks share cores (`crowding`), the step part is at least crowd_factor × the mean
+    rank's work less the dense step (a constant outside the objective), from `work_total`: Σ
+    over ranks and phases of every rank's load and fixed costs."""
     coeffs = p.coeffs
     hidden = m.new_int_var(0, max(1, phase_ub[ID_PHASE]), "input_dist_hidden_by_sparse_dist")
     m.add(hidden * PPM <= int(round(coeffs.pipeline_overlap * PPM)) * phase_max[ID_PHASE])
     m.add(hidden <= max(1, phase_ub[ID_PHASE]) * sparse_dist)
     step = sum(phase_max) - hidden + to_ns(coeffs.pipeline_overhead_s) * sparse_dist
+    if coeffs.crowd_factor > 0:
+        W, k = p.topo.world_size, int(round(coeffs.crowd_factor * PPM))
+        dense = to_ns(coeffs.dense_step_s)
+        ub = max(k, PPM) * (sum(phase_ub) + dense) // PPM + 1
+        crowded = m.new_int_var(0, ub, "step_on_shared_cores")
+        m.add(crowded >= step)
+        m.add(W * PPM * crowded >= k * work_total + W * (k - PPM) * dense)
+        step = crowded
     if p.risk_penalty_ns:
         risky = [v for key, v in use.items() if key in p.risky]
         step += p.risk_penalty_ns * (sum(risky) + sparse_dist)

@@ -19,6 +19,7 @@ from sparselift import plans
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.costs import PlanCost
+from sparselift.optimizer.crowding import crowded_coefficients
 from sparselift.optimizer.optimize import Inputs, Result, optimize
 from sparselift.optimizer.planio import statistics_digest
 from sparselift.optimizer.predict import predict_plan
@@ -220,6 +221,9 @@ def recheck(
     same_tables(plan, prof.stats, str(profile))
     topo = topology_of(plan)
     coeffs = coefficients(topo, prof.calibration)
+    coeffs = crowded_coefficients(
+        coeffs, profile, prof.plan_in_force, prof.stats, topo, prof.batch_size, prof.hot_ids
+    )
     predicted = predict_plan(plan, prof.stats, coeffs, topo, prof.batch_size, prof.hot_ids)
     solver = plan.solver or {}
     seed, workers = solver.get("seed"), solver.get("workers")
