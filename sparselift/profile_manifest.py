@@ -210,9 +210,10 @@ def shared_cores(dirs: list[str] | list[Path]) -> str | None:
     """A warning, in one line, where the ranks of CPU profiles `dirs` outnumbered their host's
     cores; None where each rank had a core of its own (or no manifest says).
 
-    Why: the cost model takes a step to last as long as its slowest rank, each rank on a core of
-    its own. Ranks that share cores also wait for one another's cores, so a lighter rank's wait
-    is not idle time, and evening out the ranks' loads buys less than the model predicts.
+    Why: ranks that share cores also wait for one another's cores, so a lighter rank's wait is
+    not idle time, and evening out the ranks' loads buys less than where each has a core.
+    `optimize` prices that with one factor fitted from the profiled plan
+    (`optimizer.crowding`), an approximation of a host that the profiles measured crowded.
 
     Raises:
         UserError: a directory's manifest is missing or malformed (`read_manifest`).
@@ -224,9 +225,9 @@ def shared_cores(dirs: list[str] | list[Path]) -> str | None:
     more = f" (and in {len(crowded) - 1} more of the profiles)" if len(crowded) > 1 else ""
     return (
         f"warning: {d}: {ranks} ranks shared {cores} cores on host {host!r}{more}: they wait for "
-        "cores as well as for one another, which the cost model (each rank on a core of its "
-        "own) does not price, so its predicted gains can be optimistic; measure a plan before "
-        "trusting them (`sparselift bench`, `sparselift tune`)"
+        "cores as well as for one another, which the cost model prices with one factor fitted "
+        "from the profiled plan (crowd_factor), so its predicted gains are rougher; measure a "
+        "plan before trusting them (`sparselift bench`, `sparselift tune`)"
     )
 
 
