@@ -3,9 +3,7 @@ refuses in one line (exit 2), never with a traceback.
 
 The hand-written tables (test_bad_input*.py) hold the cases someone thought of; these draw
 mutations of the files that cross stage boundaries (a field deleted, or set to a value of
-another type, sign or size) and run the commands that read each file on them. The first run of
-this kind found tracebacks for an infinite calibration weight, a shard without sizes in a
-manifest and an infinite zipf_alpha in access_stats.parquet.
+another type, sign or size) and run the commands that read each file on them.
 """
 
 from __future__ import annotations
