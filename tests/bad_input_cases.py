@@ -5,7 +5,9 @@ analyzed copy of that profile."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -13,6 +15,17 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def rows(table: str) -> list[list[str]]:
     """The cells of a table of `a | b | c` lines (blank lines skipped)."""
     return [[c.strip() for c in line.split(" | ")] for line in table.strip().splitlines() if line]
+
+
+def field_paths(node: Any, path: tuple = ()) -> Iterator[tuple]:
+    """Every path (keys and indices) into a decoded JSON document, the root's () first."""
+    yield path
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from field_paths(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from field_paths(v, (*path, i))
 
 
 def expand(text: str, macros: dict[str, str], paths: dict[str, Path]) -> str:

@@ -13,32 +13,22 @@ import json
 import math
 import random
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
-from bad_input_cases import analyzed_fixture_profile
+from bad_input_cases import analyzed_fixture_profile, field_paths
 
 VALUES = [-1, 0, 1, 2.5, "x", "", None, True, [], {}, [1], {"a": 1}, 1e9, 1e15, math.inf, 1e300]
 CASES = 20  # per file and seed
-
-
-def _paths(node: Any, path: tuple = ()) -> Iterator[tuple]:
-    yield path
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _paths(v, (*path, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _paths(v, (*path, i))
+OPTIMIZE = ["optimize", "--no-baseline", "--time-limit", "1"]
 
 
 def mutated(doc: Any, rng: random.Random) -> tuple[Any, tuple]:
     """`doc` with one field, drawn by `rng`, deleted or set to a value of `VALUES`."""
     out = copy.deepcopy(doc)
-    path = rng.choice([p for p in _paths(out) if p])
+    path = rng.choice([p for p in field_paths(out) if p])
     parent = out
     for k in path[:-1]:
         parent = parent[k]
@@ -57,7 +47,7 @@ def profile(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fuzz")
     prof = analyzed_fixture_profile(root)
     plan = root / "plan.json"
-    argv = ["optimize", "--no-baseline", "--time-limit", "1", "--profile", prof, "--out", plan]
+    argv = [*OPTIMIZE, "--profile", prof, "--out", plan]
     assert main([str(a) for a in argv]) == 0
     return {"prof": prof, "plan": plan}
 
@@ -65,16 +55,7 @@ def profile(tmp_path_factory) -> dict[str, Path]:
 def _commands(d: Path, prof: Path, plan: Path, out: Path) -> dict[str, list[Any]]:
     return {
         "analyze": ["analyze", d, "--out", out / "a"],
-        "optimize": [
-            "optimize",
-            "--no-baseline",
-            "--time-limit",
-            "1",
-            "--profile",
-            d,
-            "--out",
-            out / "p.json",
-        ],
+        "optimize": [*OPTIMIZE, "--profile", d, "--out", out / "p.json"],
         "compare": ["compare", prof, d],
         "check": ["plan", "check", plan, "--profile", d, "--time-limit", "1"],
     }

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from bad_input_cases import field_paths
 from plans_helpers import big_plan, doc, mixed, round_robin, tiny_tables, write
 
 from sparselift import plans
@@ -259,16 +260,6 @@ def test_plans_import_only_stdlib_torch_torchrec_jsonschema(tmp_path):
     }
 
 
-def _leaves(node, path=()):
-    yield path
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _leaves(v, path + (k,))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _leaves(v, path + (i,))
-
-
 def test_fast_schema_check_never_accepts_what_jsonschema_rejects():
     import copy
     import random
@@ -279,7 +270,7 @@ def test_fast_schema_check_never_accepts_what_jsonschema_rejects():
     assert _fast_check()(base) and _validator().is_valid(base)
     rng = random.Random(0)
     values = [-1, 0, 1, 2.5, "x", "", None, True, [], {}, [1], {"a": 1}, "table_wise", 1e9]
-    paths = [p for p in _leaves(base) if p]
+    paths = [p for p in field_paths(base) if p]
     accepted = 0
     for _ in range(3000):
         d = copy.deepcopy(base)

@@ -104,6 +104,21 @@ def stats_from_spec(spec: WorkloadSpec) -> list[TableStats]:
     ]
 
 
+# access_stats.parquet's columns planning cannot do without
+REQUIRED = ("table", "num_embeddings", "embedding_dim", "batch_size", "ids")
+# its numeric columns read here → (least value, most value or None); those not REQUIRED may be
+# null
+VALUE_RANGES: dict[str, tuple[float, float | None]] = {
+    "num_embeddings": (1, None),
+    "embedding_dim": (1, None),
+    "batch_size": (1, None),
+    "ids": (0, None),
+    "zipf_alpha": (0, None),
+    "top1pct_share": (0, 1),
+    "top10pct_share": (0, 1),
+}
+
+
 def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
     """Tables as profiled (capped sizes) and the per-rank batch size, from access_stats.parquet."""
     import pandas as pd
@@ -117,8 +132,7 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
         df = pd.read_parquet(path)
     except Exception as e:  # any unreadable parquet is bad input, whatever pyarrow raises
         raise UserError(f"{path}: unreadable Parquet ({e.__class__.__name__})") from None
-    need = {"table", "num_embeddings", "embedding_dim", "batch_size", "ids"}
-    missing = sorted(need - set(df.columns))
+    missing = sorted(set(REQUIRED) - set(df.columns))
     if missing or df.empty:
         raise UserError(
             f"{path}: missing columns {', '.join(missing)}" if missing else f"{path}: no rows"
@@ -168,18 +182,6 @@ def stats_from_profile(profile_dir: str | Path) -> tuple[list[TableStats], int]:
     return out, int(df["batch_size"].median())
 
 
-# access_stats.parquet's numeric columns read here → (least value, most value or None)
-VALUE_RANGES: dict[str, tuple[float, float | None]] = {
-    "num_embeddings": (1, None),
-    "embedding_dim": (1, None),
-    "batch_size": (1, None),
-    "ids": (0, None),
-    "zipf_alpha": (0, None),
-    "top1pct_share": (0, 1),
-    "top10pct_share": (0, 1),
-}
-
-
 def _check_values(df: Any, path: Path) -> None:
     """Refuse a value no profiler writes (a hand-edited or damaged file): each of
     `VALUE_RANGES`' columns present holds finite numbers in its range (shares may be null).
@@ -193,7 +195,7 @@ def _check_values(df: Any, path: Path) -> None:
         if c not in df:
             continue
         v = pd.to_numeric(df[c], errors="coerce").astype(float)
-        nullable = c not in ("num_embeddings", "embedding_dim", "batch_size", "ids")
+        nullable = c not in REQUIRED
         ok = v.between(low, high if high is not None else float("inf")) & v.abs().lt(float("inf"))
         bad = ~(ok | (v.isna() & df[c].isna() & nullable))
         if bad.any():
