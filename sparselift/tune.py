@@ -65,6 +65,7 @@ OPTIMIZER_VERDICTS = (
     "the profiled plan's splits",
     "the cheapest baseline",
     "TorchRec's plan does not fit",
+    "TorchRec (",  # its predicted step, and the predicted speedup over it
 )
 
 
@@ -302,7 +303,7 @@ def tune(
         )
         for line in dict.fromkeys(planned.splitlines()):  # the next plan's choices, and why
             if line.startswith(OPTIMIZER_VERDICTS):
-                echo(f"tune: optimize: {line}")
+                echo(f"tune: optimize: {' '.join(line.split())}")
         # the same plan again, or back to one already profiled (its profile is fitted on)
         earlier = next((it.plan for it in result.iterations if same_sharding(nxt, it.plan)), None)
         if earlier is not None:

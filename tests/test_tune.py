@@ -67,6 +67,11 @@ def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
     # each re-plan's choices, as `sparselift optimize` printed them, are in tune's output
     choices = [line for line in said if line.startswith("tune: optimize: choices: pipeline ")]
     assert len(choices) == len(res.iterations)
+    # and the speedup each re-plan was predicted over TorchRec's plan
+    speedups = [line for line in said if line.endswith("× predicted speedup")]
+    assert len(speedups) == len(res.iterations) and speedups[0].startswith(
+        "tune: optimize: TorchRec ("
+    )
     assert res.high is not None and res.high < 1.0 and res.shipped == "baseline"
     assert out.read_bytes() == open(baseline, "rb").read()
     rec = json.loads((tmp_path / "work" / "tune.json").read_text())
