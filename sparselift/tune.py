@@ -65,7 +65,8 @@ OPTIMIZER_VERDICTS = (
     "the profiled plan's splits",
     "the cheapest baseline",
     "TorchRec's plan does not fit",
-    "TorchRec (",  # its predicted step, and the predicted speedup over it
+    "TorchRec (",  # the plan compared with: its predicted step, and the speedup over it
+    "profiled plan ",
 )
 
 

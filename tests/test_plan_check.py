@@ -231,6 +231,10 @@ def test_a_kept_profiled_plan_names_its_preset_and_is_kept_only_for_its_ranks(ma
     args = ["--profile", str(prof), "--time-limit", "5", "--no-baseline"]
     code, out, err = cli("optimize", *args, "--min-gain", "10", "--out", str(kept))
     assert code == 0 and "kept the profiled plan" in out, out + err
+    # compared with the profiled plan, and named so: TorchRec's planner did not run
+    assert [x.split()[:2] for x in out.splitlines() if "predicted speedup" in x] == [
+        ["profiled", "plan"]
+    ]
     assert plans.load(kept).topology.preset == "cpu-gloo"
     code, out, err = cli("plan", "check", str(kept), "--profile", str(prof))
     assert code in (0, 1) and "(the plan recorded " in out, out + err  # priced, not refused
