@@ -76,8 +76,16 @@ def run_user_trainer(
 ) -> list[dict]:
     """Run TRAINER on `world` ranks for `loop_steps` steps (window: steps 2 and 3); `steady` is
     ProfileSession's steady_steps (None: its default)."""
+    args = [str(out_dir), str(tmp_path / "result"), str(loop_steps), json.dumps(steady)]
+    return launch_user_script(tmp_path, TRAINER, args, world)
+
+
+def launch_user_script(tmp_path: Path, text: str, args: list[str], world: int = 2) -> list[dict]:
+    """Run the user script `text` with `args` on `world` gloo ranks (torchrun's environment, one
+    thread each); each rank writes its JSON result to `<tmp_path>/result.<rank>` (the script is
+    given `<tmp_path>/result` among `args`). Returns those results in rank order."""
     script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
+    script.write_text(text)
     port = _free_port()
     procs = []
     for r in range(world):
@@ -93,14 +101,7 @@ def run_user_trainer(
         )
         procs.append(
             subprocess.Popen(
-                [
-                    sys.executable,
-                    str(script),
-                    str(out_dir),
-                    str(tmp_path / "result"),
-                    str(loop_steps),
-                    json.dumps(steady),
-                ],
+                [sys.executable, str(script), *args],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

@@ -11,10 +11,12 @@ same rounds, so each round pairs them under one host state: the verdict is then 
 rounds' ratios, with the rounds bootstrapped (`ratio_interval`). A host's speed drifts between
 rounds by more than most plans differ, and pairing takes that drift out of the ratio.
 
-A user's own trainer cannot run two plans in one job, and separate jobs of one plan differ by
-more than the steps of one job do. Several pairs of jobs, each baseline and candidate run back
-to back (`compare_jobs`), are compared the same way: the median of the pairs' ratios, the
-pairs bootstrapped, so the spread between jobs is in the interval.
+A user's own trainer runs two plans in one job with `profiler.side_by_side`, whose file
+`analysis.side_by_side` compares the same way. Where it cannot (the two models do not fit in
+memory at once), separate jobs of one plan differ by more than the steps of one job do: several
+pairs of jobs, each baseline and candidate run back to back (`compare_jobs`), are compared the
+same way, the median of the pairs' ratios, the pairs bootstrapped, so the spread between jobs
+is in the interval.
 """
 
 from __future__ import annotations

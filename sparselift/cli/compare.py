@@ -1,12 +1,15 @@
-"""`sparselift compare BASELINE_PROFILE CANDIDATE_PROFILE [--also BASELINE CANDIDATE ...]`: is
-the candidate measured faster?"""
+"""`sparselift compare BASELINE_PROFILE CANDIDATE_PROFILE [--also BASELINE CANDIDATE ...]`, or
+`sparselift compare SIDE_BY_SIDE.json [--names BASELINE CANDIDATE]`: is the candidate measured
+faster?"""
 
 from __future__ import annotations
 
 import argparse
 
 from sparselift.analysis.compare import compare_jobs, compare_profiles, steady_steps
+from sparselift.analysis.side_by_side import compare_side_by_side
 from sparselift.atomic import check_writable, write_json
+from sparselift.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,8 +18,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "compare",
         help="measured verdict on two profiles of the same job (baseline vs candidate plan)",
     )
-    p.add_argument("baseline", metavar="BASELINE_PROFILE", help="profile of the baseline plan")
-    p.add_argument("candidate", metavar="CANDIDATE_PROFILE", help="profile of the candidate plan")
+    p.add_argument(
+        "baseline",
+        metavar="BASELINE_PROFILE",
+        help="profile of the baseline plan, or alone: a side-by-side file of one job of your "
+        "trainer (`sparselift.profiler.side_by_side`)",
+    )
+    p.add_argument(
+        "candidate", metavar="CANDIDATE_PROFILE", nargs="?", help="profile of the candidate plan"
+    )
+    p.add_argument(
+        "--names",
+        nargs=2,
+        default=None,
+        metavar=("BASELINE", "CANDIDATE"),
+        help="with a side-by-side file: the contenders to compare (default: the first two)",
+    )
     p.add_argument(
         "--also",
         nargs=2,
@@ -34,17 +51,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    """Print the profiles' steady step times (each pair's, with --also) and the verdict; 0
-    whatever the verdict.
+    """Print the profiles' steady step times (each pair's, with --also; the contenders' with a
+    side-by-side file) and the verdict; 0 whatever the verdict.
 
     Raises:
         UserError: profiles of different jobs, too few steps, fewer than 3 pairs with --also,
-            or an unwritable --json.
+            a bad side-by-side file or contender name, --names with profiles, or an unwritable
+            --json.
     """
     if args.json:
         check_writable(args.json)
-    pairs = [(args.baseline, args.candidate), *map(tuple, args.also)]
-    if args.also:
+    if args.candidate is None:
+        if args.also:
+            raise UserError("--also pairs separate jobs' profiles: give two profiles with it")
+        v = compare_side_by_side(
+            args.baseline, tuple(args.names) if args.names else None, args.confidence
+        )
+        shown = [(v.baseline, v.candidate)]
+    elif args.names:
+        raise UserError("--names picks contenders of a side-by-side file: give the file alone")
+    elif args.also:
+        pairs = [(args.baseline, args.candidate), *map(tuple, args.also)]
         v = compare_jobs(pairs, confidence=args.confidence)
         shown = [(steady_steps(b), steady_steps(c)) for b, c in pairs]
     else:
