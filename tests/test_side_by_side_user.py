@@ -50,9 +50,15 @@ TRAINER = textwrap.dedent("""
         refused = None
     except UnwritablePathError as e:
         refused = str(e)
+    swapped = {"b": rr, "a": torchrec} if rank == 1 else {"a": torchrec, "b": rr}
+    try:  # rank 1 names its contenders in another order: every rank is told, none steps
+        side_by_side(out_dir, swapped, rounds=1, steps=1)
+        mismatch = None
+    except ValueError as e:
+        mismatch = str(e)
     got = side_by_side(out_dir, {"torchrec": torchrec, "round-robin": rr, "slowed": slowed},
                        rounds=4, steps=3, warmup=1)
-    json.dump(dict(file=None if got is None else str(got), refused=refused),
+    json.dump(dict(file=None if got is None else str(got), refused=refused, mismatch=mismatch),
               open(f"{result_path}.{rank}", "w"))
     dist.barrier()
     dist.destroy_process_group()
@@ -79,6 +85,8 @@ def test_plans_in_turns_in_a_users_job_give_a_paired_verdict(side_file, cli):
     assert [r["file"] for r in results] == [str(path), None]  # rank 0 writes it
     # rank 0 could not write under a file: both ranks raised, before any step
     assert all(r["refused"] and "is not a directory" in r["refused"] for r in results)
+    # rank 1 ran its contenders in another order: both ranks raised, naming it
+    assert all(r["mismatch"] and "rank 1 runs (['b', 'a']" in r["mismatch"] for r in results)
     doc = json.loads(path.read_text())
     assert doc["contenders"] == ["torchrec", "round-robin", "slowed"] and doc["world_size"] == 2
     assert all(len(doc["step_s"][n]) == 4 for n in doc["contenders"])

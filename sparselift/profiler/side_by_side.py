@@ -52,7 +52,9 @@ def side_by_side(
     Raises:
         ValueError: fewer than 2 contenders, a name that is not a non-empty string, a contender
             that is not callable, rounds or steps below 1, or warmup below 0.
-        UnwritablePathError: `out_dir` cannot take the file, on every rank (checked on rank 0
+        ValueError (on every rank): the ranks differ in contenders' names or order, rounds,
+            steps or warmup.
+        UnwritablePathError (on every rank): `out_dir` cannot take the file (checked on rank 0
             before any step runs).
     """
     import torch
@@ -67,7 +69,7 @@ def side_by_side(
     if rounds < 1 or steps < 1 or warmup < 0:
         raise ValueError("side_by_side: rounds and steps must be >= 1 and warmup >= 0")
     out = Path(out_dir, FILE)
-    _refuse_unwritable_everywhere(out, group)
+    _agree(out, (names, rounds, steps, warmup), group)
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
 
     def timed(name: str) -> float:
@@ -109,24 +111,38 @@ def _slowest(per_rank: list[list[list[float]]]) -> list[list[float]]:
     return [[max(step) for step in zip(*turn, strict=True)] for turn in zip(*per_rank, strict=True)]
 
 
-def _refuse_unwritable_everywhere(out: Path, group: Any) -> None:
-    """Create `out`'s folder and check it can take `out` on rank 0; raise on every rank where it
-    cannot, so no rank is left waiting in a step's collectives for one that stopped."""
+def _agree(out: Path, run: tuple[Any, ...], group: Any) -> None:
+    """Before any step: rank 0 creates `out`'s folder and checks it can take `out`, and every
+    rank must run the same `run` (names, rounds, steps, warmup). Raises on every rank where
+    either fails, so no rank is left waiting in a step's collectives for one that stopped, and
+    no rank's turn runs another contender's model.
+
+    Raises:
+        UnwritablePathError: rank 0 cannot write `out`.
+        ValueError: a rank's `run` differs from rank 0's (naming the rank).
+    """
     import torch.distributed as dist
 
     rank = dist.get_rank(group) if dist.is_initialized() else 0
-    why: list[str | None] = [None]
+    why: str | None = None
     if rank == 0:
         try:
             if file_in_the_way(out) is None:  # else check_writable names the file
                 out.parent.mkdir(parents=True, exist_ok=True)
             check_writable(out)
         except UnwritablePathError as e:
-            why[0] = str(e)
+            why = str(e)
         except OSError as e:
-            why[0] = f"cannot write {out}: {e.strerror or e}"
+            why = f"cannot write {out}: {e.strerror or e}"
+    every: list[Any] = [(why, run)]
     if dist.is_initialized() and dist.get_world_size(group) > 1:
-        src = dist.get_global_rank(group, 0) if group is not None else 0
-        dist.broadcast_object_list(why, src=src, group=group)
-    if why[0] is not None:
-        raise UnwritablePathError(why[0])
+        every = [None] * dist.get_world_size(group)
+        dist.all_gather_object(every, (why, run), group=group)
+    if every[0][0] is not None:
+        raise UnwritablePathError(every[0][0])
+    for r, (_, theirs) in enumerate(every):
+        if theirs != every[0][1]:
+            raise ValueError(
+                f"side_by_side: rank {r} runs {theirs}, rank 0 {every[0][1]} (contenders, "
+                "rounds, steps, warmup): every rank must give the same, names in the same order"
+            )
