@@ -145,6 +145,17 @@ def test_a_bad_side_by_side_file_is_refused_in_one_line(write_json, cli, over, a
     assert code == 2 and want in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_the_directory_given_to_side_by_side_is_read_and_a_profile_alone_refused(tmp_path, cli):
+    (tmp_path / "ab").mkdir()
+    (tmp_path / "ab" / "side_by_side.json").write_text(json.dumps(_doc()))
+    code, out, _ = cli("compare", tmp_path / "ab")
+    assert code == 0 and "measured ratio 1.250x" in out, out
+    (tmp_path / "prof").mkdir()
+    (tmp_path / "prof" / "manifest.json").write_text("{}")
+    code, _, err = cli("compare", tmp_path / "prof")
+    assert code == 2 and "compare takes two profiles, or one side-by-side file" in err, err
+
+
 def test_names_with_two_profiles_are_refused(tmp_path, cli):
     code, _, err = cli("compare", tmp_path, tmp_path, "--names", "a", "b")
     assert code == 2 and "--names picks contenders of a side-by-side file" in err, err

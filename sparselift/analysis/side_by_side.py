@@ -19,6 +19,7 @@ from sparselift.jsonfile import MAX_SECONDS, read_versioned
 
 # as sparselift.profiler.side_by_side writes it (not imported: the profiler pulls in torch)
 FORMAT, VERSION = "sparselift-side-by-side", 1
+FILE = "side_by_side.json"
 MIN_ROUNDS = 3  # fewer rounds than this cannot carry an interval
 
 
@@ -69,18 +70,24 @@ def compare_side_by_side(
     """The verdict on a side-by-side file's candidate against its baseline.
 
     Args:
-        path: the side-by-side file.
+        path: the side-by-side file, or the directory that holds it.
         names: (baseline, candidate) contender names; None: the first two recorded.
         confidence: of the ratio's interval.
         seed: of the bootstrap (the same file gives the same verdict).
     Returns:
         The Verdict, paired over the file's rounds.
     Raises:
-        UserError: a bad file (`read_side_by_side`), a name it does not hold, fewer than
-            MIN_ROUNDS rounds, or a confidence outside (0, 1).
+        UserError: a bad file (`read_side_by_side`), a directory without one, a name it does
+            not hold, fewer than MIN_ROUNDS rounds, or a confidence outside (0, 1).
     """
     if not 0.0 < confidence < 1.0:
         raise UserError(f"--confidence must be between 0 and 1, got {confidence}")
+    if Path(path).is_dir():  # the directory given to side_by_side
+        if not Path(path, FILE).is_file():
+            raise UserError(
+                f"{path}: no {FILE} in it; compare takes two profiles, or one side-by-side file"
+            )
+        path = Path(path, FILE)
     rounds = read_side_by_side(path)
     base, cand = names if names is not None else tuple(rounds)[:2]
     for n in (base, cand):
