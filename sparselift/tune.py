@@ -122,7 +122,7 @@ class TuneResult:
         ab_ratios: per A/B round, candidate steps/s ÷ baseline steps/s, each the geometric
             mean over its models (empty without A/B).
         ratio, low, high: the median per-round ratio and the interval over every pair of
-            models (`tune_ab.ab_interval`; None without A/B).
+            models (`compare.ab_interval`; None without A/B).
         confidence: that interval's; ab_jobs: the A/B's jobs (0 without A/B, 2 where the first
             left the verdict open).
         shipped: "candidate" or "baseline".

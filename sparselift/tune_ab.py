@@ -17,12 +17,11 @@ looks takes a (1 − (1 − CONFIDENCE) / 2) interval, so that both together kee
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparselift.analysis.compare import ratio_interval
+from sparselift.analysis.compare import ab_interval
 from sparselift.atomic import write_json
 from sparselift.bench import BenchResult, Contender, run_bench
 from sparselift.workloads.harness import TrainConfig
@@ -57,7 +56,7 @@ class ABVerdict:
         ratios: per round, the geometric mean of the candidate's models' steps/s over that of
             the baseline's.
         ratio, low, high: their median, and the interval over every pair of models
-            (`ab_interval`).
+            (`compare.ab_interval`).
         confidence: that interval's (each look's: `look_confidence`).
         jobs: the jobs the rounds ran in (2 where the first left the verdict open).
         shipped: "candidate" or "baseline".
@@ -142,35 +141,3 @@ def run_ab(
 def _model(plan: str, k: int) -> str:
     """The bench label of model `k` of `plan` in the A/B."""
     return plan if k == 0 else f"{plan}, model {k + 1}"
-
-
-def ab_interval(
-    candidates: list[list[float]], baselines: list[list[float]], confidence: float = CONFIDENCE
-) -> tuple[list[float], float, float, float]:
-    """The A/B's per-round ratios, their median, and an interval that holds for every model.
-
-    Args:
-        candidates, baselines: each model's steps/s per round (every plan trained as several
-            models side by side in one job).
-        confidence: of each pair's interval.
-    Returns:
-        (ratios, median, low, high): per round, the geometric mean of the candidate's models'
-        steps/s over that of the baseline's; their median; the lowest low end and the highest
-        high end of the `confidence` intervals (`ratio_interval`) of every candidate model
-        against every baseline model.
-
-    Why every pair: a model's offset (where its memory landed) is the same in every round, so
-    the rounds of one pair cannot show it, while a pair of other models can. The candidate ships
-    only when it is faster than every model of the baseline, in each of its own models.
-    """
-    pairs = [
-        ratio_interval([x / y for x, y in zip(c, b, strict=True)], confidence)
-        for c in candidates
-        for b in baselines
-    ]
-    ratios = [
-        statistics.geometric_mean(c) / statistics.geometric_mean(b)
-        for c, b in zip(zip(*candidates, strict=True), zip(*baselines, strict=True), strict=True)
-    ]
-    low, high = min(p[1] for p in pairs), max(p[2] for p in pairs)
-    return ratios, statistics.median(ratios), low, high

@@ -92,7 +92,7 @@ def test_plans_in_turns_in_a_users_job_give_a_paired_verdict(side_file, cli):
     assert all(len(doc["step_s"][n]) == 4 for n in doc["contenders"])
     assert all(len(turn) == 3 for n in doc["contenders"] for turn in doc["step_s"][n])
     # the slowed contender is measured slower than the same plan unslowed, every round
-    v = compare_side_by_side(path, ("round-robin", "slowed"))
+    v = compare_side_by_side(path, (["round-robin"], ["slowed"]))
     assert v.paired_rounds == 4 and v.candidate_slower and v.high < 1.0
     code, out, err = cli("compare", path, "--json", path.parent / "verdict.json")
     assert code == 0 and "paired over 4 rounds" in out, out + err
@@ -119,8 +119,22 @@ def test_the_verdict_is_the_rounds_ratio(write_json):
     v = compare_side_by_side(path)
     assert v.ratio == pytest.approx(1.25) and v.low == pytest.approx(1.25)
     assert v.candidate_faster and v.paired_rounds == 3
-    back = compare_side_by_side(path, ("cand", "base"))
+    back = compare_side_by_side(path, (["cand"], ["base"]))
     assert back.ratio == pytest.approx(0.8) and back.candidate_slower
+
+
+def test_with_two_models_of_the_baseline_the_candidate_must_beat_both(write_json, cli):
+    # "base-2" landed 7 % slower in every round; "cand" beats it clearly, but "base" only in
+    # some rounds: against both models of the baseline it is not measured faster
+    base = [[0.0100], [0.0101], [0.0099], [0.0100], [0.0102]]
+    cand = [[b[0] / r] for b, r in zip(base, [1.03, 0.98, 1.04, 0.99, 1.02], strict=True)]
+    steps = {"base": base, "base-2": [[b[0] * 1.07] for b in base], "cand": cand}
+    path = write_json(_doc(contenders=list(steps), step_s=steps), "ab.json")
+    assert compare_side_by_side(path, (["base-2"], ["cand"])).candidate_faster
+    both = compare_side_by_side(path, (["base", "base-2"], ["cand"]))
+    assert not both.candidate_faster and both.low < 1.0 < both.ratio
+    code, out, _ = cli("compare", path, "--names", "base,base-2", "cand")
+    assert code == 0 and f"{path} [base, base-2]" in out and "keep the baseline" in out, out
 
 
 @pytest.mark.parametrize(
@@ -135,7 +149,8 @@ def test_the_verdict_is_the_rounds_ratio(write_json):
         ({"step_s": {"base": [[0.01]] * 3, "cand": [[0.01]] * 4}}, [], "different numbers of"),
         ({"step_s": {"base": [[0.01]] * 2, "cand": [[0.01]] * 2}}, [], "needs at least 3"),
         ({}, ["--names", "base", "nope"], "no contender named 'nope'"),
-        ({}, ["--names", "base", "base"], "both 'base'"),
+        ({}, ["--names", "base", "base"], "'base' is both a baseline and a candidate"),
+        ({}, ["--names", ",", "cand"], "name at least one contender for the baseline"),
         ({}, ["--also", "p1", "p2"], "--also pairs separate jobs' profiles"),
     ],
 )

@@ -7,10 +7,10 @@ import json
 import pandas as pd
 import pytest
 
-from sparselift.analysis.compare import ratio_interval, steady_steps
+from sparselift.analysis.compare import ab_interval, ratio_interval, steady_steps
 from sparselift.cli import main
 from sparselift.tune import tune
-from sparselift.tune_ab import ab_interval, fastest_beside_baseline
+from sparselift.tune_ab import fastest_beside_baseline
 from sparselift.tune_report import iteration_table, write_tune_report
 from sparselift.workloads.harness import TrainConfig
 from sparselift.workloads.launch import RankFailed

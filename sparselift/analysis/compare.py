@@ -322,3 +322,35 @@ def ratio_interval(
     tail = (1.0 - confidence) / 2.0
     low, high = np.quantile(boot, [tail, 1.0 - tail])
     return statistics.median(ratios), float(low), float(high)
+
+
+def ab_interval(
+    candidates: list[list[float]], baselines: list[list[float]], confidence: float = 0.95
+) -> tuple[list[float], float, float, float]:
+    """The A/B's per-round ratios, their median, and an interval that holds for every model.
+
+    Args:
+        candidates, baselines: each model's steps/s per round (every plan trained as several
+            models side by side in one job).
+        confidence: of each pair's interval.
+    Returns:
+        (ratios, median, low, high): per round, the geometric mean of the candidate's models'
+        steps/s over that of the baseline's; their median; the lowest low end and the highest
+        high end of the `confidence` intervals (`ratio_interval`) of every candidate model
+        against every baseline model.
+
+    Why every pair: a model's offset (where its memory landed) is the same in every round, so
+    the rounds of one pair cannot show it, while a pair of other models can. The candidate ships
+    only when it is faster than every model of the baseline, in each of its own models.
+    """
+    pairs = [
+        ratio_interval([x / y for x, y in zip(c, b, strict=True)], confidence)
+        for c in candidates
+        for b in baselines
+    ]
+    ratios = [
+        statistics.geometric_mean(c) / statistics.geometric_mean(b)
+        for c, b in zip(zip(*candidates, strict=True), zip(*baselines, strict=True), strict=True)
+    ]
+    low, high = min(p[1] for p in pairs), max(p[2] for p in pairs)
+    return ratios, statistics.median(ratios), low, high

@@ -3,7 +3,8 @@ a user's own trainer, compared round by round as `compare` pairs a side-by-side 
 
 Each round ran every contender once, seconds apart, in the same processes; the round's ratio of
 the two contenders' median steps (slowest rank) is free of what changes between rounds, and the
-verdict is the median of those ratios with the rounds bootstrapped (`compare.ratio_interval`).
+verdict is the median of those ratios with the rounds bootstrapped (`compare.ab_interval`, as
+`tune`'s A/B: with several models of a plan, every pair of models).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from sparselift.analysis.compare import SteadySteps, Verdict, ratio_interval
+from sparselift.analysis.compare import SteadySteps, Verdict, ab_interval
 from sparselift.errors import UserError
 from sparselift.jsonfile import MAX_SECONDS, read_versioned
 
@@ -63,22 +64,26 @@ def read_side_by_side(path: str | Path) -> dict[str, list[list[float]]]:
 
 def compare_side_by_side(
     path: str | Path,
-    names: tuple[str, str] | None = None,
+    names: tuple[list[str], list[str]] | None = None,
     confidence: float = 0.95,
-    seed: int = 0,
 ) -> Verdict:
     """The verdict on a side-by-side file's candidate against its baseline.
 
     Args:
         path: the side-by-side file, or the directory that holds it.
-        names: (baseline, candidate) contender names; None: the first two recorded.
-        confidence: of the ratio's interval.
-        seed: of the bootstrap (the same file gives the same verdict).
+        names: the baseline's and the candidate's contenders: one each, or several models of
+            each plan (built apart, as `tune`'s A/B trains two of each: a model's offset, where
+            its memory landed, is the same in every round, and only another model shows it);
+            None: the first two recorded.
+        confidence: of each pair's interval.
     Returns:
-        The Verdict, paired over the file's rounds.
+        The Verdict, paired over the file's rounds (`compare.ab_interval`: per round the
+        geometric mean of the candidate's models' steps/s over the baseline's; the interval
+        spans every candidate model's against every baseline model's).
     Raises:
         UserError: a bad file (`read_side_by_side`), a directory without one, a name it does
-            not hold, fewer than MIN_ROUNDS rounds, or a confidence outside (0, 1).
+            not hold or names on both sides, fewer than MIN_ROUNDS rounds, or a confidence
+            outside (0, 1).
     """
     if not 0.0 < confidence < 1.0:
         raise UserError(f"--confidence must be between 0 and 1, got {confidence}")
@@ -89,26 +94,33 @@ def compare_side_by_side(
             )
         path = Path(path, FILE)
     rounds = read_side_by_side(path)
-    base, cand = names if names is not None else tuple(rounds)[:2]
-    for n in (base, cand):
+    base, cand = names if names is not None else ([n] for n in tuple(rounds)[:2])
+    if not base or not cand:
+        raise UserError(f"{path}: name at least one contender for the baseline and the candidate")
+    for n in (*base, *cand):
         if n not in rounds:
             raise UserError(f"{path}: no contender named {n!r} (it holds {', '.join(rounds)})")
-    if base == cand:
-        raise UserError(f"{path}: the baseline and the candidate are both {base!r}")
-    b, c = rounds[base], rounds[cand]
-    if len(b) < MIN_ROUNDS:
-        raise UserError(f"{path}: {len(b)} rounds; a verdict needs at least {MIN_ROUNDS}")
-    ratios = [statistics.median(x) / statistics.median(y) for x, y in zip(b, c, strict=True)]
-    ratio, low, high = ratio_interval(ratios, confidence, seed)
-    where = "side by side in one job"
+    both = sorted(set(base) & set(cand))
+    if both:
+        raise UserError(f"{path}: {both[0]!r} is both a baseline and a candidate contender")
+    if len(rounds[base[0]]) < MIN_ROUNDS:
+        raise UserError(
+            f"{path}: {len(rounds[base[0]])} rounds; a verdict needs at least {MIN_ROUNDS}"
+        )
+
+    def per_round_rate(n: str) -> list[float]:
+        return [1.0 / statistics.median(turn) for turn in rounds[n]]
+
+    ratios, ratio, low, high = ab_interval(
+        [per_round_rate(n) for n in cand], [per_round_rate(n) for n in base], confidence
+    )
+
+    def steps(group: list[str]) -> SteadySteps:
+        flat = [s for n in group for turn in rounds[n] for s in turn]
+        return SteadySteps(f"{path} [{', '.join(group)}]", flat, "side by side in one job")
+
     return Verdict(
-        SteadySteps(f"{path} [{base}]", [s for r in b for s in r], where),
-        SteadySteps(f"{path} [{cand}]", [s for r in c for s in r], where),
-        ratio,
-        low,
-        high,
-        confidence,
-        paired_rounds=len(ratios),
+        steps(base), steps(cand), ratio, low, high, confidence, paired_rounds=len(ratios)
     )
 
 

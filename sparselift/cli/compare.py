@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         nargs=2,
         default=None,
         metavar=("BASELINE", "CANDIDATE"),
-        help="with a side-by-side file: the contenders to compare (default: the first two)",
+        help="with a side-by-side file: the contenders to compare (default: the first two); "
+        "a comma-separated list gives several models of a plan: the candidate must then beat "
+        "every model of the baseline in each of its own",
     )
     p.add_argument(
         "--also",
@@ -64,8 +66,9 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.candidate is None:
         if args.also:
             raise UserError("--also pairs separate jobs' profiles: give two profiles with it")
+        groups = [[n for n in arg.split(",") if n] for arg in args.names] if args.names else None
         v = compare_side_by_side(
-            args.baseline, tuple(args.names) if args.names else None, args.confidence
+            args.baseline, (groups[0], groups[1]) if groups else None, args.confidence
         )
         shown = [(v.baseline, v.candidate)]
     elif args.names:
