@@ -83,6 +83,10 @@ TBE_FWD = re.compile(
     r"fbgemm::split_embedding_codegen_lookup\w*function|fbgemm::\w*embedding\w*forward", re.I
 )
 BOUNDS_CHECK = re.compile(r"fbgemm::bounds_check_indices", re.I)
+# the dense TBE (data-parallel tables): no bounds check runs before it, so its own indices count
+DENSE_TBE_FWD = re.compile(r"fbgemm::dense_embedding_codegen_lookup_function", re.I)
+# a TBE's autograd node in the backward: its sequence number may be its forward op's plus one
+TBE_BWD_NODE = re.compile(r"CppNode<.*SplitLookupFunction", re.I)
 
 
 def stage_of(name: str) -> str | None:

@@ -75,7 +75,7 @@ def annotate_stack(main: pd.DataFrame) -> pd.DataFrame:
         facts = seen.get(name)
         if facts is None:
             facts = seen[name] = _name_facts(name)
-        is_bwd, is_fwd, own_stage, permute, tagged = facts
+        is_bwd, is_fwd, own_stage, permute, tagged, tbe_node = facts
         while stack and stack[-1][0] <= ts:
             stack.pop()
         p_stage, p_phase, p_mod, p_sh = stack[-1][1] if stack else (None, "other", None, None)
@@ -89,10 +89,9 @@ def annotate_stack(main: pd.DataFrame) -> pd.DataFrame:
             st = own_stage
             if st is None and ph == "fwd" and permute:
                 st = "input_dist"
-            if ph == "bwd" and seq is not pd.NA and seq is not None and int(seq) in fwd_ctx:
-                st, mod, sh = (
-                    fwd_ctx[int(seq)] if st is None or mod is None else (st, *fwd_ctx[int(seq)][1:])
-                )
+            ctx = _forward_of(fwd_ctx, seq, tbe_node) if ph == "bwd" else None
+            if ctx is not None:
+                st, mod, sh = ctx if st is None or mod is None else (st, *ctx[1:])
         if tagged is not None and mod is None:
             mod, sh = tagged
         if ph == "fwd" and st is not None and seq is not pd.NA and seq is not None:
@@ -120,6 +119,7 @@ class _NameFacts(NamedTuple):
     stage: str | None
     input_permute: bool
     tagged: tuple[Any, Any] | None  # (module, sharding) of a tagged annotation
+    tbe_node: bool  # a TBE's autograd node (`names.TBE_BWD_NODE`)
 
 
 def _name_facts(name: str) -> _NameFacts:
@@ -130,7 +130,28 @@ def _name_facts(name: str) -> _NameFacts:
         names.stage_of(name),
         bool(names.INPUT_PERMUTE.search(name)),
         (m.group("module"), m.group("sharding")) if m else None,
+        bool(names.TBE_BWD_NODE.search(name)),
     )
+
+
+def _forward_of(
+    fwd_ctx: dict[int, tuple[Any, ...]], seq: Any, tbe_node: bool
+) -> tuple[Any, ...] | None:
+    """The forward context a backward event with autograd sequence number `seq` belongs to.
+
+    The op that made the node, by its number; for a TBE's autograd node whose number no forward
+    op carries, the lookup op numbered one below it. The dense TBE's forward op (data-parallel
+    tables) is recorded with the number before its node's, and its backward would otherwise be
+    left to no sharding type. None where nothing matches.
+    """
+    if seq is pd.NA or seq is None:
+        return None
+    ctx = fwd_ctx.get(int(seq))
+    if ctx is None and tbe_node:
+        ctx = fwd_ctx.get(int(seq) - 1)
+        if ctx is not None and ctx[0] != "lookup":
+            ctx = None
+    return ctx
 
 
 def self_segments(main: pd.DataFrame, t0: float, t1: float) -> pd.DataFrame:
@@ -181,15 +202,22 @@ def lookup_ids(main: pd.DataFrame) -> pd.Series:
     """Ids looked up per TBE forward call, from the recorded shapes.
 
     bounds_check_indices' indices where recorded, else the TBE op's (indices [N] then offsets
-    [B·T+1]); 0 for every other event.
+    [B·T+1]); the dense TBE's (data-parallel tables, which no bounds check precedes) always,
+    from its indices argument; 0 for every other event.
     """
     ids = pd.Series(0, index=main.index, dtype="int64")
+    checked = False
     for i, name, dims in zip(main.index, main["name"], main["input_dims"], strict=True):
         if names.BOUNDS_CHECK.search(name):
             d = dims_of(dims)
             if len(d) > 1 and isinstance(d[1], list) and len(d[1]) == 1:
                 ids[i] = d[1][0]
-    if (ids > 0).any():
+                checked = True
+        elif names.DENSE_TBE_FWD.search(name):
+            d = dims_of(dims)  # (dev_weights, ..., indices [N], offsets [B·T+1], ...)
+            if len(d) > 8 and _is_1d(d[7]) and _is_1d(d[8]) and d[8][0] > 1:
+                ids[i] = d[7][0]
+    if checked:
         return ids
     for i, name, dims in zip(main.index, main["name"], main["input_dims"], strict=True):
         if names.TBE_FWD.search(name):
