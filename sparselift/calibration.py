@@ -56,6 +56,9 @@ UNITS = {
 REDUCE_SCATTER_TYPES = ("row_wise", "table_row_wise")
 RS_KIND = {"output_dist_fwd": "output_dist_rs_fwd", "output_dist_bwd": "output_dist_rs_bwd"}
 A2A_KIND = {rs: a2a for a2a, rs in RS_KIND.items()}  # the all-to-all kind each is priced like
+# the sharding type whose tables look up with FBGEMM's dense TBE (no fused optimizer): their
+# backward is priced as `lookup_bwd`'s per-unit cost times its `dense_scale`
+DENSE_KERNEL_TYPE = "data_parallel"
 # unit of `batch_transform`'s x (ids routed; its a_s is per split feature): an op kind that only
 # profiles which timed the batch transform have, hence not among UNITS, which every profile fits
 # (but for the output kinds of sharding types it did not run)
@@ -81,6 +84,9 @@ class OpFit:
         sync_s: distributions: the step's expected wait per call for ranks arriving at random.
         unique_weight, bag_weight: CPU lookups: the work unit's κ and μ (`kernels.LookupUnit`)
             where the calibration refitted them; None: the kernel benchmark's.
+        dense_scale: lookup_bwd: the data-parallel tables' backward (the dense TBE's, without a
+            fused optimizer) per unit of work, as a multiple of b_s; None where no profile ran
+            data-parallel tables.
     """
 
     x: str
@@ -93,6 +99,7 @@ class OpFit:
     sync_s: float = 0.0
     unique_weight: float | None = None
     bag_weight: float | None = None
+    dense_scale: float | None = None
 
     def cost(self, x: float, calls: float = 1.0) -> float:
         """Exposed seconds of `calls` calls that handle `x` units in all, never negative."""
@@ -329,9 +336,9 @@ def _op_fit(kind: Any, op: Any, where: str) -> OpFit:
     at = f"op {kind!r}: "
     x = optional(op, "x", str, where, at)
     n = optional(op, "n", int, where, at)
-    r2, overlap, calls, unique_w, bag_w = (
+    r2, overlap, calls, unique_w, bag_w, dense_scale = (
         optional_number(op, k, where, at)
-        for k in ("r2", "overlap", "calls", "unique_weight", "bag_weight")
+        for k in ("r2", "overlap", "calls", "unique_weight", "bag_weight", "dense_scale")
     )
     sync_s = optional_seconds(op, "sync_s", where, at)
     return OpFit(
@@ -345,6 +352,7 @@ def _op_fit(kind: Any, op: Any, where: str) -> OpFit:
         sync_s=0.0 if sync_s is None else sync_s,
         unique_weight=unique_w,
         bag_weight=bag_w,
+        dense_scale=dense_scale,
     )
 
 

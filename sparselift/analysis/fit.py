@@ -30,6 +30,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
+from sparselift.analysis.dense_backward import (
+    dense_backward,
+    dense_scale,
+    tables_allreduce_s,
+    with_dense_scale,
+)
 from sparselift.analysis.evidence import ProfileEvidence
 from sparselift.analysis.recombine_fit import RECOMBINE, fit_recombine
 from sparselift.analysis.samples import LOOKUPS, lookup_work_of
@@ -140,7 +146,9 @@ def fit_ops(
 
     A sample that adds up several collections' calls (`n_calls`) is fitted as their mean call.
     Lookups are fitted through the calls' medians per (profile, rank, group): ranks and groups
-    look up different amounts. On CPU, where those calls determine the unit's weights
+    look up different amounts. The backward of data-parallel groups (the dense TBE, no fused
+    optimizer) is left out of lookup_bwd's line and measured against it (`dense_scale`). On CPU,
+    where those calls determine the unit's weights
     (`unit_fit.refit_unit`), x is recounted in the refitted unit. Distributions: per (profile,
     step, group), the exposed time of the rank that waited least (the last to arrive: it did not
     wait for a slow peer) against the most any rank moved; a collective ends together on every
@@ -152,8 +160,9 @@ def fit_ops(
         fixed: known per-call fixed costs by kind (`kernels.CPU_CALL_S` on CPU), or None.
         device: the profiled device ("cpu" or "cuda"; the lookup unit is refitted on CPU only).
     Returns:
-        An OpFit per kind, with its r2, sample count, overlap share, (distributions) sync_s and
-        (refitted lookups) unique_weight / bag_weight.
+        An OpFit per kind, with its r2, sample count, overlap share, (distributions) sync_s,
+        (refitted lookups) unique_weight / bag_weight and (lookup_bwd beside data-parallel
+        groups) dense_scale.
     """
     calls = calls if "profile" in calls else calls.assign(profile=0)
     ops = {}
@@ -162,6 +171,9 @@ def fit_ops(
         lookup = kind.startswith("lookup")
         weights: tuple[float | None, float | None] = (None, None)
         one = per_call(samples)
+        dense = dense_backward(samples) if kind == "lookup_bwd" else None
+        if dense is not None and not dense.all():  # the fused kernels' line, without them
+            one = per_call(samples[~dense])
         if lookup:
             cols = ["x", "y", "ids", "unique", "bag_elems"]
             med = one.groupby(["profile", "rank", "group"])[cols].median()
@@ -180,6 +192,10 @@ def fit_ops(
             least = one.loc[by_call["wait"].idxmin()]
             most_moved = by_call["x"].transform("max").loc[least.index]
             line = _fit_calls(most_moved.values, least["y"].values, prior)
+        scale = None
+        if dense is not None and dense.any() and not dense.all():
+            scale = dense_scale(per_call(samples[dense]), line.a_s, line.b_s)
+            samples = with_dense_scale(samples, scale)
         y = samples["y"]
         predicted = line.a_s * _n_calls(samples) + line.b_s * samples["x"]
         spread = float(((y - y.mean()) ** 2).sum())
@@ -201,6 +217,7 @@ def fit_ops(
             sync_s=0.0 if lookup else sync_wait(one),
             unique_weight=weights[0],
             bag_weight=weights[1],
+            dense_scale=scale,
         )
     return ops
 
@@ -285,7 +302,8 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu")
     """Modelled sparse-path seconds per step, composed as the optimizer's cost model does.
 
     Per kind: the per-call costs of the groups present plus the per-unit work, on the slowest rank.
-    Lookup work is recounted in the unit `ops` were fitted in (`lookup_unit`). Reduce-scatter
+    Lookup work is recounted in the unit `ops` were fitted in (`lookup_unit`), and data-parallel
+    groups' backward work scaled by lookup_bwd's `dense_scale`. Reduce-scatter
     output distributions are priced as their own kinds (`with_rs_kinds`, `fit_of`).
 
     Args:
@@ -302,6 +320,8 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu")
         look = calls["kind"].isin(LOOKUPS)
         calls = calls.copy()
         calls.loc[look, "x"] = lookup_work_of(calls[look], calls.loc[look, "kind"], device, unit)
+    bwd = ops.get("lookup_bwd")
+    calls = with_dense_scale(calls, bwd.dense_scale if bwd is not None else None)
     per = (
         calls.assign(n_calls=_n_calls(calls))
         .groupby(["step", "kind", "rank"])
@@ -317,14 +337,17 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu")
 
 def sparse_at_target(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:
     """The profile's modelled sparse path at the step its calibration reproduces (`target_s`):
-    at its fastest step, or over its quieter steps (median) when steady steps were timed."""
+    at its fastest step, or over its quieter steps (median) when steady steps were timed; with
+    its data-parallel tables' gradient all-reduce as the optimizer prices it
+    (`dense_backward.tables_allreduce_s`)."""
     calls = with_rs_kinds(ev.calls)
     priced = [k for k in calls["kind"].unique() if fit_of(ops, k) is not None]
     calls = calls[calls["kind"].isin(priced)]
     sparse = sparse_cost(calls, ops, ev.device).reindex(ev.step_s.index).fillna(0.0)
+    allreduce = tables_allreduce_s(ev.manifest, ops)
     if ev.steady_step_s is None:
-        return float(sparse.at[ev.step_s.idxmin()])
-    return float(sparse.loc[sorted(ev.calls["step"].unique())].median())
+        return float(sparse.at[ev.step_s.idxmin()]) + allreduce
+    return float(sparse.loc[sorted(ev.calls["step"].unique())].median()) + allreduce
 
 
 def dense_of(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:

@@ -90,6 +90,9 @@ class Coefficients:
     dense_step_s: float  # dense forward+backward+optimizer per step (a constant of the plan)
     source: str  # "preset <name>" or the calibration path
     lookup_unit: LookupUnit = KERNEL_UNIT  # CPU lookups' work unit (κ, μ) the lookup fits count
+    # data-parallel tables' backward (the dense TBE, no fused optimizer) per unit of work, as a
+    # multiple of lookup_bwd's b_s (the calibration's `dense_scale`; else assumed alike)
+    dense_bwd_scale: float = 1.0
     # a plan with splits: the loader's batch transform, x = ids routed (a_s per split feature)
     batch_transform: Linear = Linear(0.0, 0.0)
     # … and the split model's recombination of pooled embeddings: seconds per element (fwd + bwd)
@@ -158,6 +161,7 @@ COEFFICIENT_NAMES = (
     "wire_b_s",
     "inter_host_b_s",
     "dense_grad_b_s",
+    "dense_bwd_scale",
     "uvm_miss_b_s",
     "quantize_b_s",
     "dp_overlap",
@@ -292,6 +296,9 @@ def coefficients(
         if fit is not None and (not kind.startswith("lookup") or fit.x == LOOKUP_UNIT):
             fixed = fit.a_s + fit.sync_s  # sync_s: distributions only
             kw[kind] = Linear(max(0.0, fixed), max(0.0, fit.b_s))
+    bwd = cal.ops.get("lookup_bwd")
+    if "lookup_bwd" in kw and bwd is not None and bwd.dense_scale is not None:
+        kw["dense_bwd_scale"] = max(0.0, bwd.dense_scale)  # measured where it ran such tables
     out_fwd = kw.get("output_dist_fwd", kw.get("output_dist_rs_fwd"))
     qcomm = cal.ops.get("qcomm_quantize")
     if qcomm is not None and out_fwd is not None:  # across hosts the wire model stays

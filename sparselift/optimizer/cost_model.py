@@ -32,6 +32,10 @@ A row-wise or table-row-wise table's output distribution is a reduce-scatter (gl
 all-reduce), not an all-to-all: its bytes, and its type's fixed cost, are priced with the
 reduce-scatter coefficients (`output_coeffs`, `type_fixed_costs`), in the same output phases.
 
+A data-parallel table's backward runs FBGEMM's dense TBE, with no fused optimizer: its work is
+priced at `dense_bwd_scale` × lookup_bwd's per-unit cost (measured where a profile ran such
+tables), plus the whole-table optimizer pass (`dense_grad_b_s`) and the gradient all-reduce.
+
 A virtual table of a split (`split_options`) is priced as any table, plus, on every rank and in
 lookup_fwd (both run in the step, outside the collectives), the loader's batch transform (its ids
 routed and its share of the split features' calls) and the split model's recombination (its
@@ -166,6 +170,8 @@ class CostModel:
         margin = 1.0 if coeffs.measured("batch_transform") else ASSUMED_TRANSFORM_MARGIN
         tx_a, tx_b = (margin * x for x in (coeffs.batch_transform.a_s, coeffs.batch_transform.b_s))
         rec_b = recombine_b_s(coeffs)
+        # the dense TBE's backward (data-parallel tables) costs its own multiple per unit
+        bwd_b = coeffs.lookup_bwd.b_s * (coeffs.dense_bwd_scale if c.sharding_type == DP else 1.0)
 
         def load(n: Counts) -> RankLoad:
             return RankLoad(
@@ -177,7 +183,7 @@ class CostModel:
                 + rec_b * n.recombined_x,
                 out(n.out_fwd_intra, n.out_fwd_inter, out_fwd.b_s, ff),
                 out(n.out_bwd_intra, n.out_bwd_inter, out_bwd.b_s, fb),
-                coeffs.lookup_bwd.b_s * n.bwd_work
+                bwd_b * n.bwd_work
                 + coeffs.uvm_miss_b_s * n.miss_x
                 + coeffs.dense_grad_b_s * n.dense_grad_x,
                 (1.0 - coeffs.dp_overlap)

@@ -1,0 +1,87 @@
+"""The backward of data-parallel tables, priced as the optimizer prices it.
+
+TorchRec looks data-parallel tables up with FBGEMM's dense TBE: its backward computes the
+tables' gradient, which DDP all-reduces and the trainer's dense optimizer applies. The fused
+kernels of the other sharding types also apply row-wise Adagrad in their backward. Per unit of
+work the two differ, so lookup_bwd's line is fitted on the fused groups' calls, and the dense
+groups' calls measure their own multiple of it (`OpFit.dense_scale`), which the optimizer
+prices data-parallel tables' backward work with (`Coefficients.dense_bwd_scale`).
+
+The optimizer also prices those tables' gradient all-reduce (a ring over their weights, at
+`dp_allreduce`'s per-byte cost). A profile's step holds what it cost, so the modelled sparse
+path of a profile counts it as the optimizer does (`tables_allreduce_s`). Otherwise the dense
+residual would hold it, and every plan would pay it once more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from sparselift.calibration import DENSE_KERNEL_TYPE, OpFit
+from sparselift.plans.types import WEIGHT_BYTES
+
+
+def dense_backward(calls: pd.DataFrame) -> pd.Series:
+    """Which of `calls` (per-call samples: `kind`, `group`) are data-parallel groups' lookup_bwd."""
+    return (calls["kind"] == "lookup_bwd") & (calls["group"] == DENSE_KERNEL_TYPE)
+
+
+def dense_scale(dense: pd.DataFrame, a_s: float, b_s: float) -> float | None:
+    """The dense TBE's backward per unit of work as a multiple of the fused line's `b_s`.
+
+    Args:
+        dense: the data-parallel groups' lookup_bwd samples, per call (`fit.per_call`), with a
+            `profile` column.
+        a_s, b_s: the fused kernels' line (fixed cost per call, seconds per unit of work).
+    Returns:
+        The median over (profile, rank) of each one's median call less `a_s`, per `b_s` × work
+        (≥ 0); None where `b_s` is not positive or no call has work.
+    """
+    med = dense.groupby(["profile", "rank"])[["x", "y"]].median()
+    med = med[med["x"] > 0]
+    if b_s <= 0 or med.empty:
+        return None
+    return float(max(0.0, ((med["y"] - a_s) / (b_s * med["x"])).median()))
+
+
+def with_dense_scale(calls: pd.DataFrame, scale: float | None) -> pd.DataFrame:
+    """`calls` with the data-parallel lookup_bwd samples' work multiplied by `scale`, so the
+    fused line prices them; `calls` itself where there is no scale or no such sample."""
+    if scale is None or "group" not in calls:
+        return calls
+    dense = dense_backward(calls)
+    if not dense.any():
+        return calls
+    out = calls.copy()
+    out.loc[dense, "x"] = out.loc[dense, "x"] * scale
+    return out
+
+
+def tables_allreduce_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) -> float:
+    """Seconds a step of the profile's plan spends in the data-parallel tables' gradient
+    all-reduce, as the optimizer prices it: 2·(W−1)/W of their weights' bytes (ring) at
+    `dp_allreduce`'s per-byte cost, less its overlap share.
+
+    Args:
+        manifest: the profile's manifest (`world_size`, `tables`, `sharding`).
+        ops: the fits (0 without a `dp_allreduce` fit).
+    Returns:
+        Seconds per step; 0 where the plan has no data-parallel table with recorded sizes.
+    """
+    fit = ops.get("dp_allreduce")
+    world = manifest.get("world_size")
+    if fit is None or not isinstance(world, int) or world < 2:
+        return 0.0
+    sizes = {t.get("name"): t for t in manifest.get("tables") or [] if isinstance(t, Mapping)}
+    weight_bytes = 0.0
+    for e in manifest.get("sharding") or []:
+        t = sizes.get(e.get("table")) if isinstance(e, Mapping) else None
+        if t is None or e.get("sharding_type") != DENSE_KERNEL_TYPE:
+            continue
+        width = WEIGHT_BYTES.get(str(t.get("data_type", "fp32")), 4.0)
+        weight_bytes += float(t.get("num_embeddings", 0)) * float(t.get("embedding_dim", 0)) * width
+    ring = 2.0 * (world - 1) / world * weight_bytes
+    return (1.0 - (fit.overlap or 0.0)) * fit.b_s * ring

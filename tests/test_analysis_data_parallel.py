@@ -1,0 +1,119 @@
+"""Data-parallel tables in a real profile (tests/fixtures/profile_tiny_data_parallel: tiny on 2
+gloo ranks, t0, t4 and t6 data-parallel, the rest table-wise), and how their lookups are priced."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from sparselift import plans
+from sparselift.analysis.dense_backward import dense_backward, tables_allreduce_s
+from sparselift.analysis.fit import call_priors, fit_ops
+from sparselift.analysis.pipeline import analyze
+from sparselift.calibration import OpFit
+from sparselift.optimizer.coefficients import coefficients
+from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.predict import predict_plan
+from sparselift.optimizer.space import DP, TW, OptionClass
+from sparselift.optimizer.table_stats import TableStats, stats_from_profile
+from sparselift.optimizer.topology import preset
+
+FIX = Path(__file__).parent / "fixtures"
+DP_TABLES = ("t0", "t4", "t6")
+
+
+@pytest.fixture(scope="module")
+def analysis():
+    return analyze(FIX / "profile_tiny_data_parallel", cache=False)
+
+
+def test_data_parallel_lookups_count_their_ids_and_keep_their_backward(analysis):
+    """The dense TBE runs without a bounds check, and its backward node carries the forward's
+    sequence number plus one: both are still the data-parallel group's, with the ids the
+    profiler counted in the ranks' batches."""
+    n = analysis.nodes
+    look = n[n["kind"].isin(("lookup_fwd", "lookup_bwd"))]
+    assert set(look["sharding"]) == {DP, TW}  # no lookup left to no sharding type ("*")
+    acc = analysis.access_stats
+    counted = acc[acc["table"].isin(DP_TABLES)].groupby(["rank", "step"])["ids"].sum()
+    for kind in ("lookup_fwd", "lookup_bwd"):
+        dp = look[(look["kind"] == kind) & (look["sharding"] == DP)]
+        assert len(dp) == len(counted)  # one call per rank and step
+        ids = dp.set_index(["rank", "step"])["ids"].sort_index()
+        assert ids.tolist() == counted.sort_index().tolist()
+        assert set(dp["tables"]) == {",".join(DP_TABLES)}
+
+
+def test_the_dense_backward_is_fitted_apart_from_the_fused_kernels(analysis):
+    calls = analysis.evidence.calls.assign(profile=0)
+    dense = dense_backward(calls)
+    assert dense.any() and not dense.all()
+    fused_only = fit_ops(calls[~dense], call_priors("cpu"), "cpu")["lookup_bwd"]
+    bwd = analysis.calibration.ops["lookup_bwd"]
+    assert (bwd.a_s, bwd.b_s) == pytest.approx((fused_only.a_s, fused_only.b_s))
+    assert fused_only.dense_scale is None  # nothing data-parallel in those samples
+    # the dense TBE's backward computes gradients only (DDP and the dense optimizer do the
+    # rest); the fused kernels also apply row-wise Adagrad: cheaper per unit of work
+    assert 0.0 < bwd.dense_scale < 1.0
+    coeffs = coefficients(preset("cpu-gloo", 2, 2), analysis.calibration)
+    assert coeffs.dense_bwd_scale == pytest.approx(bwd.dense_scale)
+    assert coeffs.measured("dense_bwd_scale")
+    assert not coefficients(preset("cpu-gloo", 2, 2)).measured("dense_bwd_scale")
+
+
+def test_dense_bwd_scale_prices_only_data_parallel_tables():
+    topo = preset("cpu-gloo", 2)
+    base = coefficients(topo)
+    half = dataclasses.replace(base, dense_bwd_scale=0.5)
+    t = TableStats("t", 20_000, 32, 4.0, feature_names=("t",))
+    for cls, factor in ((OptionClass(DP, "dense"), 0.5), (OptionClass(TW, "fused"), 1.0)):
+        work = CostModel(topo, 256, base).counts(t, cls).own.bwd_work
+        grad = base.dense_grad_b_s * CostModel(topo, 256, base).counts(t, cls).own.dense_grad_x
+        bwd = [CostModel(topo, 256, c).terms(t, cls).own[4] for c in (base, half)]
+        assert bwd[0] == pytest.approx(base.lookup_bwd.b_s * work + grad)
+        assert bwd[1] == pytest.approx(base.lookup_bwd.b_s * work * factor + grad)
+
+
+def test_a_table_wise_calibration_predicts_the_data_parallel_plan(analysis):
+    """Held out: calibrated on the all-table-wise profile (which ran no dense TBE: its backward
+    is assumed to cost as the fused one), the model predicts the plan with data-parallel tables
+    within 10 %."""
+    cal = analyze(FIX / "profile_tiny_table_wise", cache=False).calibration.to_dict()
+    stats, batch = stats_from_profile(FIX / "profile_tiny_data_parallel")
+    plan = plans.load(FIX / "tiny_data_parallel.plan.json")
+    pred = predict_plan(plan, stats, cal, preset("cpu-gloo", 2, 2), batch).step_time_s
+    meas = analysis.steps.groupby("step")["dur_s"].max().min()
+    assert abs(pred - meas) / meas < 0.10
+
+
+def test_the_optimizer_reproduces_the_step_the_calibration_reproduces(analysis):
+    """The optimizer prices the data-parallel tables' backward and gradient all-reduce; the
+    analysis counts both in the profile's sparse path, so the dense residual holds neither and
+    the plan's own step comes back (it came back 27 % high while the residual held them)."""
+    stats, batch = stats_from_profile(FIX / "profile_tiny_data_parallel")
+    plan = plans.load(FIX / "tiny_data_parallel.plan.json")
+    pred = predict_plan(plan, stats, analysis.calibration, preset("cpu-gloo", 2, 2), batch)
+    assert pred.phases_s["dp_allreduce"] > 0
+    target = analysis.evidence.target_s
+    assert abs(pred.step_time_s - target) / target < 0.03
+
+
+def test_the_tables_allreduce_is_a_ring_over_the_data_parallel_weights():
+    manifest = {
+        "world_size": 4,
+        "tables": [
+            {"name": "a", "num_embeddings": 1000, "embedding_dim": 32, "data_type": "fp16"},
+            {"name": "b", "num_embeddings": 9000, "embedding_dim": 64},
+        ],
+        "sharding": [
+            {"table": "a", "sharding_type": DP},
+            {"table": "b", "sharding_type": TW},
+        ],
+    }
+    fit = OpFit(x="bytes", a_s=0.0, b_s=1e-9, r2=0.0, n=3, overlap=0.25)
+    ring = 2 * 3 / 4 * 1000 * 32 * 2  # fp16 weights; table-wise "b" has no all-reduce
+    assert tables_allreduce_s(manifest, {"dp_allreduce": fit}) == pytest.approx(0.75e-9 * ring)
+    assert tables_allreduce_s(manifest, {}) == 0.0
+    assert tables_allreduce_s({**manifest, "world_size": 1}, {"dp_allreduce": fit}) == 0.0
