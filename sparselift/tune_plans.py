@@ -1,5 +1,6 @@
 """The plan files `tune`'s loop writes and compares: the variants of a plan that a calibration
-profiles side by side (pipelines, 16 bits, a table row-wise), and whether two plans choose alike.
+profiles side by side (pipelines, 16 bits, a table row-wise, small tables data-parallel), and
+whether two plans choose alike.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sparselift.atomic import write_json
+from sparselift.plans.types import WEIGHT_BYTES
 
 
 def same_sharding(a: str | Path, b: str | Path) -> bool:
@@ -43,8 +45,10 @@ def calibration_plans(plan: str, work: Path, baseline: str) -> list[tuple[str, s
     """The variants of `plan` a calibration profiles side by side, written beside the loop's
     plans, each with its profile directory's suffix: under the base ("") and the sparse-dist
     pipeline (the pair measures what the pipeline hides) and, for the `baseline` itself, at 16
-    bits (what 16-bit collectives cost) and with a table row-wise (what a reduce-scatter costs,
-    `row_wise_variant`, where there is one); for any other plan, the baseline under the base
+    bits (what 16-bit collectives cost), with a table row-wise (what a reduce-scatter costs,
+    `row_wise_variant`) and with its smallest tables data-parallel (what the dense TBE's
+    backward and their gradient all-reduce cost, `data_parallel_variant`), where there are
+    such; for any other plan, the baseline under the base
     pipeline ("-baseline"): the plan both jobs ran levels this job's speed with the first's
     (`analysis.job_levels`). Last, `plan` under the base pipeline again, as a model of its own
     ("-model-2"): the pipeline and 16 bits are then measured faster only against both models
@@ -58,6 +62,9 @@ def calibration_plans(plan: str, work: Path, baseline: str) -> list[tuple[str, s
         row_wise = row_wise_variant(plan, work)
         if row_wise is not None:
             out.append((row_wise, "-row-wise"))
+        data_parallel = data_parallel_variant(plan, work)
+        if data_parallel is not None:
+            out.append((data_parallel, "-data-parallel"))
     return [*out, (base, "-model-2")]
 
 
@@ -90,5 +97,57 @@ def row_wise_variant(plan: str, work: Path) -> str | None:
     )
     doc["pipeline"] = "base"
     out = work / f"{Path(plan).stem}-row-wise.json"
+    write_json(out, doc)
+    return str(out)
+
+
+# the largest table (weights) `data_parallel_variant` replicates: the small tables TorchRec's
+# planner makes data-parallel, whose all-reduce and whole-table optimizer pass cost little
+DATA_PARALLEL_VARIANT_MAX_BYTES = 1 << 20
+
+
+def data_parallel_variant(plan: str, work: Path) -> str | None:
+    """`plan` with its smallest quarter of tables (rows × dim; at least one) made data-parallel
+    on every rank, of those whose weights take at most DATA_PARALLEL_VARIANT_MAX_BYTES, under
+    the base pipeline, written beside the loop's plans; its path, or None where there is none to
+    make (one rank, splits, fewer than two tables, no table that small, or a table already
+    data-parallel: its profile measures them). Why: data-parallel tables look up with the dense
+    TBE, whose backward costs another multiple of the work than the fused kernels'
+    (`OpFit.dense_scale`), and their gradient is all-reduced; a plan without one prices both by
+    assumption. Small tables measure the dense TBE at little cost to the profile job."""
+    doc = json.loads(Path(plan).read_text())
+    world = int(doc["topology"]["world_size"])
+    size = {
+        t["name"]: t["num_embeddings"]
+        * t["embedding_dim"]
+        * WEIGHT_BYTES[t.get("data_type") or "fp32"]
+        for t in doc["model"]["tables"]
+    }
+    sharded = [t for t in doc["tables"] if t["name"] in size]
+    if (
+        world < 2
+        or doc.get("splits")
+        or len(sharded) < 2
+        or any(t["sharding_type"] == "data_parallel" for t in doc["tables"])
+    ):
+        return None
+    smallest = sorted(sharded, key=lambda t: (size[t["name"]], t["name"]))
+    chosen = [
+        t
+        for t in smallest[: max(1, len(sharded) // 4)]
+        if size[t["name"]] <= DATA_PARALLEL_VARIANT_MAX_BYTES
+    ]
+    if not chosen:
+        return None
+    for table in chosen:
+        table.update(
+            sharding_type="data_parallel",
+            compute_kernel="dense",
+            ranks=list(range(world)),
+            shards=[],
+            cache_load_factor=None,
+        )
+    doc["pipeline"] = "base"
+    out = work / f"{Path(plan).stem}-data-parallel.json"
     write_json(out, doc)
     return str(out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -76,9 +77,10 @@ def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
     assert out.read_bytes() == open(baseline, "rb").read()
     rec = json.loads((tmp_path / "work" / "tune.json").read_text())
     assert rec["shipped"] == "baseline" and rec["iterations"][0]["measured_step_s"] > 0
-    # the candidate's profile was calibrated together with the baseline's (at fp32, at 16 bits
-    # and with a table row-wise): each is checked by the fit on the others, and 16 bits and the
-    # reduce-scatter are priced as measured
+    # the candidate's profile was calibrated together with the baseline's (at fp32, at 16 bits,
+    # with a table row-wise and with small tables data-parallel): each is checked by the fit on
+    # the others, and 16 bits, the reduce-scatter and the dense TBE's backward are priced as
+    # measured
     held = rec["iterations"][1]["held_out"]
     names = [h["profile"].rsplit("/", 1)[-1] for h in held]
     assert names == [
@@ -88,6 +90,7 @@ def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
         "profile0",
         "profile0-16bit",
         "profile0-row-wise",
+        "profile0-data-parallel",
         "profile0-model-2",
     ]
     assert all(h["measured_step_s"] > 0 for h in held)
@@ -96,9 +99,10 @@ def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
     beside = steady_steps(work / "profile1-baseline").median_s
     assert rec["iterations"][1]["baseline_step_s"] == beside
     level = steady_steps(work / "profile0").median_s / beside
-    assert [h.get("level", 1.0) for h in held] == pytest.approx([1, 1, 1, *[level] * 4])
+    assert [h.get("level", 1.0) for h in held] == pytest.approx([1, 1, 1, *[level] * 5])
     cal = json.loads((tmp_path / "work" / "profile1" / "calibration.json").read_text())
     assert cal["ops"]["qcomm_quantize"]["n"] > 0 and cal["ops"]["output_dist_rs_fwd"]["n"] > 0
+    assert cal["ops"]["lookup_bwd"]["dense_scale"] > 0
     report = tmp_path / "tune.html"
     write_tune_report(report, res, tmp_path / "work")
     page = report.read_text()
@@ -147,6 +151,7 @@ def test_a_split_candidates_profile_is_fitted_with_the_rest_and_a_return_ends_th
         "profile0",
         "profile0-16bit",
         "profile0-row-wise",
+        "profile0-data-parallel",
         "profile0-model-2",
     ]
     assert json.loads((work / "profile1" / "manifest.json").read_text())["model_tables"]
@@ -162,6 +167,7 @@ def test_a_split_candidates_profile_is_fitted_with_the_rest_and_a_return_ends_th
         "profile0-sparse-dist",
         "profile0-16bit",
         "profile0-row-wise",
+        "profile0-data-parallel",
         "profile0-model-2",
     ]
     assert doc["provenance"]["profile"] == str(work / "profile1-baseline")
@@ -240,6 +246,31 @@ def test_the_row_wise_variant_makes_the_largest_table_row_wise_in_even_blocks(tm
         == 0
     )
     assert row_wise_variant(str(one), tmp_path) is None
+
+
+def test_the_data_parallel_variant_replicates_the_smallest_quarter_of_the_tables(tmp_path):
+    from sparselift import plans
+    from sparselift.tune_plans import data_parallel_variant
+
+    rr = tmp_path / "rr.json"
+    argv = ["plan", "round-robin", "--workload", "tiny", "--world-size", "3"]
+    assert main([*argv, "--out", str(rr)]) == 0
+    variant = plans.load(data_parallel_variant(str(rr), tmp_path))  # loading checks it
+    before = {t.name: t for t in plans.load(rr).tables}
+    moved = [t for t in variant.tables if t.sharding_type != before[t.name].sharding_type]
+    size = {t.name: t.num_embeddings * t.embedding_dim for t in variant.model}
+    assert sorted(t.name for t in moved) == sorted(sorted(size, key=size.get)[:2])  # 8 tables
+    assert all(t.compute_kernel == "dense" and t.ranks == [0, 1, 2] for t in moved)
+    # a plan that already runs a data-parallel table measures them itself
+    assert data_parallel_variant(str(tmp_path / "rr-data-parallel.json"), tmp_path) is None
+    one = tmp_path / "one.json"
+    assert main([*argv[:-1], "1", "--out", str(one)]) == 0
+    assert data_parallel_variant(str(one), tmp_path) is None
+    # no table small enough to replicate at little cost (the smallest takes 15 MB)
+    big = tmp_path / "big.json"
+    spec = Path(__file__).parents[1] / "benchmarks" / "workloads" / "two-heavy-tables.json"
+    assert main([*argv[:2], "--workload", str(spec), "--world-size", "2", "--out", str(big)]) == 0
+    assert data_parallel_variant(str(big), tmp_path) is None
 
 
 def test_the_ab_tries_the_plan_that_ran_fastest_beside_the_baseline():
