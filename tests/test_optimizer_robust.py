@@ -374,3 +374,23 @@ def test_row_wise_is_risky_until_a_profile_ran_it():
         assert risky_class(rw, coeffs) == rw_risky
         assert not risky_class(tw, coeffs)
     assert not risky_class(rw, coefficients(topo))  # nothing profiled: no such rule
+
+
+def test_data_parallel_is_risky_until_a_profile_ran_the_dense_kernel():
+    """Without a profile of data-parallel tables, their backward (FBGEMM's dense TBE) is priced
+    by analogy with the fused kernels': risky until a profile ran one."""
+    from sparselift.analysis.pipeline import analyze
+    from sparselift.optimizer.robust import risky_class
+    from sparselift.optimizer.space import DP, TW
+
+    fixtures = Path(__file__).parent / "fixtures"
+    topo = preset("cpu-gloo", 2)
+    dp, tw = OptionClass(DP, "dense", 2), OptionClass(TW, FUSED, 1)
+    for fixture, dp_risky in (("table_wise", True), ("data_parallel", False)):
+        coeffs = coefficients(
+            topo, analyze(fixtures / f"profile_tiny_{fixture}", cache=False).calibration
+        )
+        assert coeffs.measured("dp_allreduce")  # the dense model's all-reduce, in both
+        assert risky_class(dp, coeffs) == dp_risky
+        assert not risky_class(tw, coeffs)
+    assert not risky_class(dp, coefficients(topo))  # nothing profiled: no such rule
