@@ -24,6 +24,13 @@ import numpy as np
 ID_BYTES, LENGTH_BYTES, FLOAT_BYTES = 8, 4, 4  # an id, a bag length, an embedding element
 
 
+def ring_allreduce_bytes(world: int, nbytes: float) -> float:
+    """Bytes each of `world` ranks sends in a ring all-reduce of `nbytes` (reduce-scatter then
+    all-gather: 2·(W−1)/W of them), as data-parallel gradients are priced on both sides of the
+    calibration (the optimizer's counts, the analysis's modelled sparse path)."""
+    return 2.0 * (world - 1) / world * nbytes
+
+
 def both_ends(device: str) -> bool:
     """Whether a distribution's bytes cost a rank at both ends, sent and received: on CPU (gloo
     between ranks of a host), whose ranks' own CPUs copy both, so the same bytes take about as

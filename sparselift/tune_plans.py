@@ -95,10 +95,7 @@ def row_wise_variant(plan: str, work: Path) -> str | None:
             for r in range(world)
         ],
     )
-    doc["pipeline"] = "base"
-    out = work / f"{Path(plan).stem}-row-wise.json"
-    write_json(out, doc)
-    return str(out)
+    return _write_variant(doc, plan, work, "row-wise")
 
 
 # the largest table (weights) `data_parallel_variant` replicates: the small tables TorchRec's
@@ -147,7 +144,13 @@ def data_parallel_variant(plan: str, work: Path) -> str | None:
             shards=[],
             cache_load_factor=None,
         )
+    return _write_variant(doc, plan, work, "data-parallel")
+
+
+def _write_variant(doc: dict[str, Any], plan: str, work: Path, suffix: str) -> str:
+    """`doc`, a variant of `plan`, under the base pipeline, written to work/<plan>-<suffix>.json;
+    its path."""
     doc["pipeline"] = "base"
-    out = work / f"{Path(plan).stem}-data-parallel.json"
+    out = work / f"{Path(plan).stem}-{suffix}.json"
     write_json(out, doc)
     return str(out)

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from sparselift.calibration import DENSE_KERNEL_TYPE, OpFit
+from sparselift.kernels import ring_allreduce_bytes
 from sparselift.plans.types import WEIGHT_BYTES
 
 
@@ -83,5 +84,4 @@ def tables_allreduce_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) ->
             continue
         width = WEIGHT_BYTES.get(str(t.get("data_type", "fp32")), 4.0)
         weight_bytes += float(t.get("num_embeddings", 0)) * float(t.get("embedding_dim", 0)) * width
-    ring = 2.0 * (world - 1) / world * weight_bytes
-    return (1.0 - (fit.overlap or 0.0)) * fit.b_s * ring
+    return (1.0 - (fit.overlap or 0.0)) * fit.b_s * ring_allreduce_bytes(world, weight_bytes)

@@ -172,7 +172,9 @@ def fit_ops(
         weights: tuple[float | None, float | None] = (None, None)
         one = per_call(samples)
         dense = dense_backward(samples) if kind == "lookup_bwd" else None
-        if dense is not None and not dense.all():  # the fused kernels' line, without them
+        if dense is not None and (dense.all() or not dense.any()):
+            dense = None  # no fused group to fit the line on, or no dense one to measure
+        if dense is not None:  # the fused kernels' line, without the dense groups
             one = per_call(samples[~dense])
         if lookup:
             cols = ["x", "y", "ids", "unique", "bag_elems"]
@@ -193,7 +195,7 @@ def fit_ops(
             most_moved = by_call["x"].transform("max").loc[least.index]
             line = _fit_calls(most_moved.values, least["y"].values, prior)
         scale = None
-        if dense is not None and dense.any() and not dense.all():
+        if dense is not None:
             scale = dense_scale(per_call(samples[dense]), line.a_s, line.b_s)
             samples = with_dense_scale(samples, scale)
         y = samples["y"]

@@ -296,9 +296,9 @@ def coefficients(
         if fit is not None and (not kind.startswith("lookup") or fit.x == LOOKUP_UNIT):
             fixed = fit.a_s + fit.sync_s  # sync_s: distributions only
             kw[kind] = Linear(max(0.0, fixed), max(0.0, fit.b_s))
-    bwd = cal.ops.get("lookup_bwd")
-    if "lookup_bwd" in kw and bwd is not None and bwd.dense_scale is not None:
-        kw["dense_bwd_scale"] = max(0.0, bwd.dense_scale)  # measured where it ran such tables
+    scale = cal.ops["lookup_bwd"].dense_scale if "lookup_bwd" in kw else None
+    if scale is not None:  # measured where a profile ran data-parallel tables
+        kw["dense_bwd_scale"] = max(0.0, scale)
     out_fwd = kw.get("output_dist_fwd", kw.get("output_dist_rs_fwd"))
     qcomm = cal.ops.get("qcomm_quantize")
     if qcomm is not None and out_fwd is not None:  # across hosts the wire model stays

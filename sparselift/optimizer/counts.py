@@ -17,6 +17,7 @@ from sparselift.kernels import (
     LookupUnit,
     both_ends,
     lookup_work,
+    ring_allreduce_bytes,
 )
 from sparselift.optimizer.space import CW, DENSE, DP, RW, TW, TWRW, UVM_CACHING, OptionClass
 from sparselift.optimizer.table_stats import TableStats
@@ -166,7 +167,7 @@ def _sparselift_counts(
     zero = Counts()
     if c.sharding_type == DP:
         hbm, ddr, _ = memory(N, d)
-        ring = 2.0 * (W - 1) / W * N * d * t.weight_bytes
+        ring = ring_allreduce_bytes(W, N * d * t.weight_bytes)
         grad = N * d * t.weight_bytes
         own = Counts(
             lookup_x=B * p * d,
