@@ -65,6 +65,9 @@ DENSE_KERNEL_TYPE = "data_parallel"
 TRANSFORM_UNIT = "ids"
 # unit of `recombine`'s x (pooled elements the split model's recombination reads and writes)
 RECOMBINE_UNIT = "elements"
+# the trainer's dense optimizer pass over data-parallel tables' weights (x = their elements):
+# an op kind only calibrations of profiles with different data-parallel tables have
+DENSE_OPTIMIZER, DENSE_OPTIMIZER_UNIT = "dense_optimizer", "elements"
 
 
 @dataclass

@@ -1,18 +1,30 @@
 """Data-parallel tables in a real profile (tests/fixtures/profile_tiny_data_parallel: tiny on 2
-gloo ranks, t0, t4 and t6 data-parallel, the rest table-wise), and how their lookups are priced."""
+gloo ranks, t0, t4 and t6 data-parallel, the rest table-wise, profiled side by side with the
+all-table-wise plan, profile_tiny_table_wise_same_job), and how their lookups, gradient
+all-reduce and optimizer pass are priced."""
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
+import statistics
 from pathlib import Path
 
 import pytest
 
 from sparselift import plans
-from sparselift.analysis.dense_backward import dense_backward, tables_allreduce_s
-from sparselift.analysis.fit import call_priors, fit_ops
+from sparselift.analysis.dense_backward import (
+    dense_backward,
+    dense_optimizer_fit,
+    replicated,
+    tables_allreduce_s,
+    tables_optimizer_s,
+)
+from sparselift.analysis.fit import call_priors, dp_allreduce_fit, fit_ops
+from sparselift.analysis.joint import fit_jointly
 from sparselift.analysis.pipeline import analyze
-from sparselift.calibration import OpFit
+from sparselift.calibration import DENSE_OPTIMIZER, OpFit
 from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.predict import predict_plan
@@ -27,6 +39,12 @@ DP_TABLES = ("t0", "t4", "t6")
 @pytest.fixture(scope="module")
 def analysis():
     return analyze(FIX / "profile_tiny_data_parallel", cache=False)
+
+
+@pytest.fixture(scope="module")
+def twin():
+    """The all-table-wise plan, profiled in the same job."""
+    return analyze(FIX / "profile_tiny_table_wise_same_job", cache=False)
 
 
 def test_data_parallel_lookups_count_their_ids_and_keep_their_backward(analysis):
@@ -117,3 +135,71 @@ def test_the_tables_allreduce_is_a_ring_over_the_data_parallel_weights():
     assert tables_allreduce_s(manifest, {"dp_allreduce": fit}) == pytest.approx(0.75e-9 * ring)
     assert tables_allreduce_s(manifest, {}) == 0.0
     assert tables_allreduce_s({**manifest, "world_size": 1}, {"dp_allreduce": fit}) == 0.0
+
+
+def _adagrad_step_s(profile: Path) -> float:
+    """Median seconds of the trainer's `Optimizer.step#Adagrad.step` over ranks and steps, read
+    from the traces themselves (not through the analysis)."""
+    durs = []
+    for trace in sorted(profile.glob("rank*.trace.json.gz")):
+        doc = json.loads(gzip.open(trace).read())
+        events = doc["traceEvents"] if isinstance(doc, dict) else doc
+        durs += [e["dur"] * 1e-6 for e in events if e.get("name") == "Optimizer.step#Adagrad.step"]
+    return statistics.median(durs)
+
+
+def test_the_replicas_optimizer_pass_is_measured_beside_a_plan_without_them(analysis, twin):
+    """Profiled with and without 105,600 replicated elements in one job, the dense work outside
+    forward and backward measures the trainer's optimizer pass over them: at the rate the
+    traces' own Adagrad steps grew by, within a half."""
+    cal = fit_jointly([analysis, twin], cache=False).calibration
+    fit = cal.ops[DENSE_OPTIMIZER]
+    elements = replicated(analysis.manifest)[0]
+    assert elements == 105_600 and replicated(twin.manifest)[0] == 0
+    grew = _adagrad_step_s(FIX / "profile_tiny_data_parallel") - _adagrad_step_s(
+        FIX / "profile_tiny_table_wise_same_job"
+    )
+    assert grew > 0
+    assert fit.b_s == pytest.approx(grew / elements, rel=0.5)
+    topo = preset("cpu-gloo", 2, 2)
+    coeffs = coefficients(topo, cal)
+    assert coeffs.measured("dense_grad_b_s") and coeffs.dense_grad_b_s == fit.b_s
+    # one profile replicates one number of elements: nothing measures the pass (the preset's
+    # rate stands, `test_optimizer_robust`)
+    assert DENSE_OPTIMIZER not in analysis.calibration.ops
+    assert not coefficients(topo, analysis.calibration).measured("dense_grad_b_s")
+
+
+def test_the_optimizer_pass_is_not_measured_from_noise_or_from_split_parts(analysis, twin):
+    ev, tw = analysis.evidence, twin.evidence
+    assert dense_optimizer_fit([ev, dataclasses.replace(ev, profile="again")]) is None  # one x
+    slower = dataclasses.replace(tw, dense_other_s=ev.dense_other_s * 2)  # less with more
+    assert dense_optimizer_fit([ev, slower]) is None
+    # a split's parts train with their table's row-wise Adagrad in backward, not the trainer's
+    # optimizer: they do not count as its elements, but the model prices their pass alike
+    parts = {"splits": [{"table": "t", "kind": "hot_cold", "parts": ["t0", "t4", "t6"]}]}
+    as_parts = dataclasses.replace(ev, manifest={**ev.manifest, **parts})
+    assert replicated(as_parts.manifest, trainer_only=True)[0] == 0
+    assert dense_optimizer_fit([as_parts, tw]) is None
+    fit = OpFit(x="elements", a_s=0.0, b_s=2e-9, r2=1.0, n=2)
+    assert tables_optimizer_s(as_parts.manifest, {DENSE_OPTIMIZER: fit}) == pytest.approx(
+        2e-9 * 105_600
+    )
+
+
+def test_the_allreduce_is_priced_per_byte_of_a_steps_calls(analysis):
+    """The dense module's small all-reduce is mostly latency; priced at its rate (the median
+    call's), the replicated tables' 422 KB gradient cost 4.9 times its measured transfer. At
+    what a step's calls take per byte, it is within 2 times."""
+    dp = analysis.evidence.dp
+    transfer = dp["transfer_s"].fillna(dp["dur_s"]).groupby(dp["bytes"]).median()
+    measured = transfer.loc[422_400]
+    fit = dp_allreduce_fit(dp)
+    assert fit is not None
+    priced = tables_allreduce_s(analysis.manifest, {"dp_allreduce": fit})
+    assert measured / 2 < priced < 2 * measured
+    # one late call of a size moves its median, not the rate
+    late = dp.copy()
+    row = late.index[late["bytes"] == 422_400][0]
+    late.loc[row, ["transfer_s", "dur_s"]] = 10 * measured
+    assert dp_allreduce_fit(late).b_s == pytest.approx(fit.b_s, rel=0.1)

@@ -376,9 +376,11 @@ def test_row_wise_is_risky_until_a_profile_ran_it():
     assert not risky_class(rw, coefficients(topo))  # nothing profiled: no such rule
 
 
-def test_data_parallel_is_risky_until_a_profile_ran_the_dense_kernel():
+def test_data_parallel_is_risky_until_profiles_measured_the_dense_kernel():
     """Without a profile of data-parallel tables, their backward (FBGEMM's dense TBE) is priced
-    by analogy with the fused kernels': risky until a profile ran one."""
+    by analogy with the fused kernels', and without one beside a plan that replicates other
+    tables, the trainer's optimizer pass over them is the preset's: risky until both ran."""
+    from sparselift.analysis.joint import fit_jointly
     from sparselift.analysis.pipeline import analyze
     from sparselift.optimizer.robust import risky_class
     from sparselift.optimizer.space import DP, TW
@@ -386,11 +388,14 @@ def test_data_parallel_is_risky_until_a_profile_ran_the_dense_kernel():
     fixtures = Path(__file__).parent / "fixtures"
     topo = preset("cpu-gloo", 2)
     dp, tw = OptionClass(DP, "dense", 2), OptionClass(TW, FUSED, 1)
-    for fixture, dp_risky in (("table_wise", True), ("data_parallel", False)):
-        coeffs = coefficients(
-            topo, analyze(fixtures / f"profile_tiny_{fixture}", cache=False).calibration
-        )
-        assert coeffs.measured("dp_allreduce")  # the dense model's all-reduce, in both
+    for names, dp_risky in (
+        (["table_wise"], True),
+        (["data_parallel"], True),
+        (["data_parallel", "table_wise_same_job"], False),
+    ):
+        analyses = [analyze(fixtures / f"profile_tiny_{n}", cache=False) for n in names]
+        coeffs = coefficients(topo, fit_jointly(analyses, cache=False).calibration)
+        assert coeffs.measured("dp_allreduce")  # the dense model's all-reduce, in every one
         assert risky_class(dp, coeffs) == dp_risky
         assert not risky_class(tw, coeffs)
     assert not risky_class(dp, coefficients(topo))  # nothing profiled: no such rule

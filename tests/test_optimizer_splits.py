@@ -330,9 +330,9 @@ def test_parts_are_risky_choices_until_the_split_models_costs_are_measured():
     topo = preset("cpu-gloo", 2)
     stats = split_tables()
     opts = split_options(stats, 2, {"heavy": split_hot_ids("heavy", 200_000, 4_000, 0.8)})
-    # measured: the split model's costs, and the data-parallel all-reduce and dense backward (a
-    # hot part's class)
-    dp_costs = ("dp_allreduce", "dense_bwd_scale")
+    # measured: the split model's costs, and the data-parallel all-reduce, dense backward and
+    # optimizer pass (a hot part's class)
+    dp_costs = ("dp_allreduce", "dense_bwd_scale", "dense_grad_b_s")
     measured = split_coeffs(topo, 1e-9).with_evidence(MEASURED, "test", dp_costs)
     for coeffs, risky in ((from_topology(topo, 0.01), True), (measured, False)):
         model = CostModel(topo, BATCH, coeffs)

@@ -8,19 +8,32 @@ groups' calls measure their own multiple of it (`OpFit.dense_scale`), which the 
 prices data-parallel tables' backward work with (`Coefficients.dense_bwd_scale`).
 
 The optimizer also prices those tables' gradient all-reduce (a ring over their weights, at
-`dp_allreduce`'s per-byte cost). A profile's step holds what it cost, so the modelled sparse
-path of a profile counts it as the optimizer does (`tables_allreduce_s`). Otherwise the dense
-residual would hold it, and every plan would pay it once more.
+`dp_allreduce`'s per-byte cost) and the trainer's dense optimizer pass over their weights (per
+element, `dense_grad_b_s`). A profile's step holds what both cost, so the modelled sparse path
+of a profile counts them as the optimizer does (`tables_allreduce_s`, `tables_optimizer_s`).
+Otherwise the dense residual would hold them, and every plan would pay them once more.
+
+The optimizer pass is measured where profiles of one model replicate different data-parallel
+weights (`dense_optimizer_fit`): the dense work outside forward and backward (the optimizer
+step, zero_grad) grows with them. The dense module's own parameters are the same in every
+profile, so the slope is the replicated tables' price, whatever the trainer's optimizer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from sparselift.calibration import DENSE_KERNEL_TYPE, OpFit
+from sparselift.analysis.evidence import ProfileEvidence
+from sparselift.calibration import (
+    DENSE_KERNEL_TYPE,
+    DENSE_OPTIMIZER,
+    DENSE_OPTIMIZER_UNIT,
+    OpFit,
+)
 from sparselift.kernels import ring_allreduce_bytes
 from sparselift.plans.types import WEIGHT_BYTES
 
@@ -61,6 +74,31 @@ def with_dense_scale(calls: pd.DataFrame, scale: float | None) -> pd.DataFrame:
     return out
 
 
+def replicated(manifest: Mapping[str, Any], trainer_only: bool = False) -> tuple[float, float]:
+    """(elements, bytes) of the weights of the profile's data-parallel tables, which every rank
+    holds whole; (0, 0) where the plan has none with recorded sizes.
+
+    Args:
+        manifest: the profile's manifest (`tables`, `sharding`, `splits`).
+        trainer_only: leave out the parts of split tables: SparseLift applies their table's
+            row-wise Adagrad in backward (`plans.replicated`), not the trainer's optimizer.
+    """
+    sizes = {t.get("name"): t for t in manifest.get("tables") or [] if isinstance(t, Mapping)}
+    splits = [s for s in manifest.get("splits") or [] if isinstance(s, Mapping)]
+    parts = {p for s in splits for p in s.get("parts", ())}
+    elements = weight_bytes = 0.0
+    for e in manifest.get("sharding") or []:
+        t = sizes.get(e.get("table")) if isinstance(e, Mapping) else None
+        if t is None or e.get("sharding_type") != DENSE_KERNEL_TYPE:
+            continue
+        if trainer_only and e.get("table") in parts:
+            continue
+        n = float(t.get("num_embeddings", 0)) * float(t.get("embedding_dim", 0))
+        elements += n
+        weight_bytes += n * WEIGHT_BYTES.get(str(t.get("data_type", "fp32")), 4.0)
+    return elements, weight_bytes
+
+
 def tables_allreduce_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) -> float:
     """Seconds a step of the profile's plan spends in the data-parallel tables' gradient
     all-reduce, as the optimizer prices it: 2·(W−1)/W of their weights' bytes (ring) at
@@ -76,12 +114,42 @@ def tables_allreduce_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) ->
     world = manifest.get("world_size")
     if fit is None or not isinstance(world, int) or world < 2:
         return 0.0
-    sizes = {t.get("name"): t for t in manifest.get("tables") or [] if isinstance(t, Mapping)}
-    weight_bytes = 0.0
-    for e in manifest.get("sharding") or []:
-        t = sizes.get(e.get("table")) if isinstance(e, Mapping) else None
-        if t is None or e.get("sharding_type") != DENSE_KERNEL_TYPE:
-            continue
-        width = WEIGHT_BYTES.get(str(t.get("data_type", "fp32")), 4.0)
-        weight_bytes += float(t.get("num_embeddings", 0)) * float(t.get("embedding_dim", 0)) * width
+    weight_bytes = replicated(manifest)[1]
     return (1.0 - (fit.overlap or 0.0)) * fit.b_s * ring_allreduce_bytes(world, weight_bytes)
+
+
+def tables_optimizer_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) -> float:
+    """Seconds a step of the profile's plan spends in the trainer's dense optimizer pass over
+    its data-parallel tables, as the optimizer prices it (0 without a `dense_optimizer` fit)."""
+    fit = ops.get(DENSE_OPTIMIZER)
+    return 0.0 if fit is None else fit.b_s * replicated(manifest)[0]
+
+
+def dense_optimizer_fit(evidence: Sequence[ProfileEvidence]) -> OpFit | None:
+    """The trainer's dense optimizer pass per element of replicated table weights: the line, over
+    the profiles, of their dense work outside forward and backward against their data-parallel
+    tables' elements.
+
+    Args:
+        evidence: the profiles fitted together (levelled to one job's speed).
+    Returns:
+        The fit (x = elements, a_s = 0: the dense module's own pass is in the dense step), over
+        the profiles that measured that work; None where they replicate fewer than two
+        different numbers of elements, or the slope is not positive (noise larger than it).
+    """
+    points = [
+        (replicated(ev.manifest, trainer_only=True)[0], ev.dense_other_s)
+        for ev in evidence
+        if ev.dense_other_s is not None
+    ]
+    x = np.array([p[0] for p in points], dtype=np.float64)
+    y = np.array([p[1] for p in points], dtype=np.float64)
+    if len(np.unique(x)) < 2:
+        return None
+    b, a = np.polyfit(x, y, 1)
+    if not b > 0:
+        return None
+    resid = y - (a + b * x)
+    total = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((resid**2).sum()) / total if total > 0 else 0.0
+    return OpFit(x=DENSE_OPTIMIZER_UNIT, a_s=0.0, b_s=float(b), r2=r2, n=len(points))

@@ -60,6 +60,9 @@ class ProfileEvidence:
             to the steady step where it was timed.
         step_s: each profiled step's time, slowest rank (indexed by step), scaled alike.
         dp: its data-parallel allreduce collectives (`fit.dp_allreduce_fit`'s input).
+        dense_other_s: the dense work outside forward and backward a step (the trainer's
+            optimizer step, its zero_grad), median over ranks and quieter steps; None where
+            the graph has none (`dense_backward.dense_optimizer_fit`'s input).
         target_s: the step the calibration reproduces: the steady step's median where timed,
             else the fastest profiled step (on a shared host, other processes only add time).
         steady_step_s: median step timed after the window; None when fewer than
@@ -84,6 +87,7 @@ class ProfileEvidence:
     transform: list[TransformSample] = field(default_factory=list)
     recombine: list[RecombineSample] = field(default_factory=list)
     lookup_scale: dict[tuple[int, str], float] = field(default_factory=dict)
+    dense_other_s: float | None = None
 
 
 def window_inflation(manifest: dict[str, Any], step_s: pd.Series) -> tuple[float, float] | None:
@@ -220,6 +224,15 @@ def gather_evidence(
     dp = nodes[(nodes["kind"] == "dp_allreduce") & nodes["step"].isin(quiet)]
     if nodes["kind"].isin(LOOKUPS).any():  # the columns the lookups' parts add to every node
         dp = dp.assign(unique=np.nan, bag_elems=np.nan)
+    other = (
+        nodes[
+            (nodes["kind"] == "dense_other")
+            & (nodes["part"] == "compute")
+            & nodes["step"].isin(quiet)
+        ]
+        .groupby(["rank", "step"])["dur_s"]
+        .sum()
+    )
     transform = samples_of(manifest, f"{profile_dir}/manifest.json")
     recombine = recombine_samples_of(manifest, f"{profile_dir}/manifest.json")
     ev = ProfileEvidence(
@@ -233,6 +246,7 @@ def gather_evidence(
         float(step_s.min()),
         transform=transform,
         recombine=recombine,
+        dense_other_s=float(other.median()) if len(other) else None,
     )
     steady = window_inflation(manifest, step_s)
     return ev if steady is None else scaled_to_steady(ev, *steady)
@@ -278,7 +292,7 @@ def scaled_to_steady(ev: ProfileEvidence, steady_s: float, inflation: float) -> 
 
 def slowed(ev: ProfileEvidence, f: float) -> ProfileEvidence:
     """`ev` with every duration it fits on (its calls', steps', data-parallel collectives',
-    target and steady step) multiplied by `f`."""
+    dense work outside forward and backward, target and steady step) multiplied by `f`."""
     calls = ev.calls.copy()
     calls[list(SCALED)] = calls[list(SCALED)] * f
     dp = ev.dp.copy()
@@ -286,6 +300,13 @@ def slowed(ev: ProfileEvidence, f: float) -> ProfileEvidence:
         if col in dp:
             dp[col] = dp[col] * f
     steady = None if ev.steady_step_s is None else ev.steady_step_s * f
+    other = None if ev.dense_other_s is None else ev.dense_other_s * f
     return dataclasses.replace(
-        ev, calls=calls, step_s=ev.step_s * f, dp=dp, target_s=ev.target_s * f, steady_step_s=steady
+        ev,
+        calls=calls,
+        step_s=ev.step_s * f,
+        dp=dp,
+        target_s=ev.target_s * f,
+        steady_step_s=steady,
+        dense_other_s=other,
     )

@@ -19,7 +19,8 @@ profile's samples are gathered first (`evidence.profile_evidence`), then every o
 on all of them together, and the dense step from the profiles' own (`dense_fit`). Where profiles
 timed the split plans' batch transform, its fit over all their timings is `batch_transform`
 (`transform_fit`); where they timed the split model's recombination, `recombine`
-(`recombine_fit`).
+(`recombine_fit`); where they replicate different data-parallel weights, the trainer's
+optimizer pass over them, `dense_optimizer` (`dense_backward.dense_optimizer_fit`).
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ import pandas as pd
 
 from sparselift.analysis.dense_backward import (
     dense_backward,
+    dense_optimizer_fit,
     dense_scale,
     tables_allreduce_s,
+    tables_optimizer_s,
     with_dense_scale,
 )
 from sparselift.analysis.evidence import ProfileEvidence
@@ -50,6 +53,7 @@ from sparselift.analysis.type_overhead import (
 from sparselift.analysis.unit_fit import MAX_REL_SE, refit_unit
 from sparselift.calibration import (
     A2A_KIND,
+    DENSE_OPTIMIZER,
     REDUCE_SCATTER_TYPES,
     RS_KIND,
     UNITS,
@@ -278,11 +282,15 @@ def sync_wait(calls: pd.DataFrame) -> float:
 
 
 def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
-    """Per-byte transfer of the data-parallel gradient allreduces (the dense module's too).
+    """Per-byte cost of the data-parallel gradient allreduces (the dense module's too): what a
+    step's allreduces take per byte they carry.
 
-    The median call's, not the mean: a call of this size is a few gloo round trips, and a peer
-    thread scheduled late makes one call several times slower; a mean over the few profiled calls
-    would let one such call price every data-parallel table.
+    Each call of a step is a bucket of its own size: per size, the median call's transfer
+    (a peer thread scheduled late makes one call several times slower, and a few profiled
+    calls must not let one such call price every data-parallel table); then their sum over
+    the sizes' bytes. Summed, not a median of per-byte rates: a small call is mostly its
+    fixed latency, and its rate would price a large replicated table's gradient several
+    times over.
 
     Args:
         nodes: graph nodes (`kind`, `part`, `bytes`, `transfer_s`, `dur_s` columns).
@@ -296,7 +304,8 @@ def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
     ]
     if dp.empty:
         return None
-    b = float((dp["transfer_s"].fillna(dp["dur_s"]) / dp["bytes"]).median())
+    per_size = dp["transfer_s"].fillna(dp["dur_s"]).groupby(dp["bytes"]).median()
+    b = float(per_size.sum() / per_size.index.to_numpy(dtype=np.float64).sum())
     return OpFit(x=UNITS["dp_allreduce"], a_s=0.0, b_s=b, r2=0.0, n=int(len(dp)), overlap=0.0)
 
 
@@ -340,16 +349,16 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu")
 def sparse_at_target(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:
     """The profile's modelled sparse path at the step its calibration reproduces (`target_s`):
     at its fastest step, or over its quieter steps (median) when steady steps were timed; with
-    its data-parallel tables' gradient all-reduce as the optimizer prices it
-    (`dense_backward.tables_allreduce_s`)."""
+    its data-parallel tables' gradient all-reduce and optimizer pass as the optimizer prices
+    them (`dense_backward.tables_allreduce_s`, `tables_optimizer_s`)."""
     calls = with_rs_kinds(ev.calls)
     priced = [k for k in calls["kind"].unique() if fit_of(ops, k) is not None]
     calls = calls[calls["kind"].isin(priced)]
     sparse = sparse_cost(calls, ops, ev.device).reindex(ev.step_s.index).fillna(0.0)
-    allreduce = tables_allreduce_s(ev.manifest, ops)
+    replicated = tables_allreduce_s(ev.manifest, ops) + tables_optimizer_s(ev.manifest, ops)
     if ev.steady_step_s is None:
-        return float(sparse.at[ev.step_s.idxmin()]) + allreduce
-    return float(sparse.loc[sorted(ev.calls["step"].unique())].median()) + allreduce
+        return float(sparse.at[ev.step_s.idxmin()]) + replicated
+    return float(sparse.loc[sorted(ev.calls["step"].unique())].median()) + replicated
 
 
 def dense_of(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:
@@ -402,6 +411,9 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     dp = dp_allreduce_fit(pd.concat([ev.dp for ev in evidence]))
     if dp is not None:
         ops["dp_allreduce"] = dp
+    optimizer = dense_optimizer_fit(evidence)
+    if optimizer is not None:
+        ops[DENSE_OPTIMIZER] = optimizer
     tx = transform_fit_of(evidence)
     if tx is not None:
         ops[TRANSFORM] = tx

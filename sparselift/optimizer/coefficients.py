@@ -25,6 +25,7 @@ from typing import Any
 
 from sparselift.calibration import (
     A2A_KIND,
+    DENSE_OPTIMIZER,
     RS_KIND,
     UNITS,
     Calibration,
@@ -309,6 +310,9 @@ def coefficients(
     rc = cal.ops.get("recombine")  # x = pooled elements read + written, through the origin
     if rc is not None:
         kw["recombine_b_s"] = max(0.0, rc.b_s)
+    optimizer = cal.ops.get(DENSE_OPTIMIZER)
+    if optimizer is not None:
+        kw["dense_grad_b_s"] = max(0.0, optimizer.b_s)
     dp = cal.ops.get("dp_allreduce")
     if dp is not None and dp.overlap is not None:
         kw["dp_overlap"] = min(1.0, max(0.0, dp.overlap))

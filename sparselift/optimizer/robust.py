@@ -67,8 +67,9 @@ def risky_class(c: OptionClass, coeffs: Coefficients) -> bool:
 
     UVM caching always (its miss cost is a preset's guess on most hardware, and TorchRec prices
     it far higher); data-parallel when a calibration measured the plan's other costs but not
-    the allreduce, or not the dense TBE's backward (`dense_bwd_scale`: then priced by analogy
-    with the fused kernels': its cost rests on an assumption where the alternatives' do not);
+    the allreduce, the dense TBE's backward (`dense_bwd_scale`: else priced by analogy with the
+    fused kernels') or the trainer's optimizer pass over the replicas (`dense_grad_b_s`): its
+    cost rests on an assumption where the alternatives' do not;
     row-wise or table-row-wise when its output collective, a reduce-scatter, is priced by
     analogy where the alternatives' all-to-all is measured: its own coefficients
     (`output_dist_rs_fwd` / `_bwd`) not measured while the all-to-all's are, or measured on
@@ -85,7 +86,9 @@ def risky_class(c: OptionClass, coeffs: Coefficients) -> bool:
         return bool(coeffs.profiled_types) and c.sharding_type not in coeffs.profiled_types
     if c.sharding_type != DP or not coeffs.any_measured():
         return False
-    return not (coeffs.measured("dp_allreduce") and coeffs.measured("dense_bwd_scale"))
+    return not all(
+        coeffs.measured(k) for k in ("dp_allreduce", "dense_bwd_scale", "dense_grad_b_s")
+    )
 
 
 def split_costs_measured(coeffs: Coefficients) -> bool:
