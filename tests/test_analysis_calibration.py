@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from sparselift import plans
-from sparselift.analysis.fit import _fit_calls, dp_allreduce_fit, sync_wait
+from sparselift.analysis.dense_backward import dp_allreduce_fit
+from sparselift.analysis.fit import _fit_calls, sync_wait
 from sparselift.analysis.pipeline import analyze, write_outputs
 from sparselift.calibration import FORMAT, RS_KIND, UNITS, Calibration, OpFit
 from sparselift.errors import UserError

@@ -1,4 +1,5 @@
-"""The backward of data-parallel tables, priced as the optimizer prices it.
+"""The backward of data-parallel tables (lookup, gradient all-reduce, optimizer pass), measured
+and priced as the optimizer prices it.
 
 TorchRec looks data-parallel tables up with FBGEMM's dense TBE: its backward computes the
 tables' gradient, which DDP all-reduces and the trainer's dense optimizer applies. The fused
@@ -8,10 +9,11 @@ groups' calls measure their own multiple of it (`OpFit.dense_scale`), which the 
 prices data-parallel tables' backward work with (`Coefficients.dense_bwd_scale`).
 
 The optimizer also prices those tables' gradient all-reduce (a ring over their weights, at
-`dp_allreduce`'s per-byte cost) and the trainer's dense optimizer pass over their weights (per
-element, `dense_grad_b_s`). A profile's step holds what both cost, so the modelled sparse path
-of a profile counts them as the optimizer does (`tables_allreduce_s`, `tables_optimizer_s`).
-Otherwise the dense residual would hold them, and every plan would pay them once more.
+`dp_allreduce`'s per-byte cost, `dp_allreduce_fit`) and the trainer's dense optimizer pass over
+their weights (per element, `dense_grad_b_s`). A profile's step holds what both cost, so the
+modelled sparse path of a profile counts them as the optimizer does (`tables_allreduce_s`,
+`tables_optimizer_s`). Otherwise the dense residual would hold them, and every plan would pay
+them once more.
 
 The optimizer pass is measured where profiles of one model replicate different data-parallel
 weights (`dense_optimizer_fit`): the dense work outside forward and backward (the optimizer
@@ -32,6 +34,7 @@ from sparselift.calibration import (
     DENSE_KERNEL_TYPE,
     DENSE_OPTIMIZER,
     DENSE_OPTIMIZER_UNIT,
+    UNITS,
     OpFit,
 )
 from sparselift.kernels import ring_allreduce_bytes
@@ -97,6 +100,34 @@ def replicated(manifest: Mapping[str, Any], trainer_only: bool = False) -> tuple
         elements += n
         weight_bytes += n * WEIGHT_BYTES.get(str(t.get("data_type", "fp32")), 4.0)
     return elements, weight_bytes
+
+
+def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
+    """Per-byte cost of the data-parallel gradient allreduces (the dense module's too): what a
+    step's allreduces take per byte they carry.
+
+    Each call of a step is a bucket of its own size: per size, the median call's transfer
+    (a peer thread scheduled late makes one call several times slower, and a few profiled
+    calls must not let one such call price every data-parallel table); then their sum over
+    the sizes' bytes. Summed, not a median of per-byte rates: a small call is mostly its
+    fixed latency, and its rate would price a large replicated table's gradient several
+    times over.
+
+    Args:
+        nodes: graph nodes (`kind`, `part`, `bytes`, `transfer_s`, `dur_s` columns).
+    Returns:
+        The fit (a_s = 0), or None when the profile has no such call.
+    """
+    if nodes.empty:
+        return None
+    dp = nodes[
+        (nodes["kind"] == "dp_allreduce") & (nodes["part"] == "collective") & (nodes["bytes"] > 0)
+    ]
+    if dp.empty:
+        return None
+    per_size = dp["transfer_s"].fillna(dp["dur_s"]).groupby(dp["bytes"]).median()
+    b = float(per_size.sum() / per_size.index.to_numpy(dtype=np.float64).sum())
+    return OpFit(x=UNITS["dp_allreduce"], a_s=0.0, b_s=b, r2=0.0, n=int(len(dp)), overlap=0.0)
 
 
 def tables_allreduce_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) -> float:

@@ -59,7 +59,7 @@ class ProfileEvidence:
         calls: per-call samples of its quieter steps (`samples.call_samples`), durations scaled
             to the steady step where it was timed.
         step_s: each profiled step's time, slowest rank (indexed by step), scaled alike.
-        dp: its data-parallel allreduce collectives (`fit.dp_allreduce_fit`'s input).
+        dp: its data-parallel allreduce collectives (`dense_backward.dp_allreduce_fit`'s input).
         dense_other_s: the dense work outside forward and backward a step (the trainer's
             optimizer step, its zero_grad), median over ranks and quieter steps; None where
             the graph has none (`dense_backward.dense_optimizer_fit`'s input).

@@ -35,6 +35,7 @@ from sparselift.analysis.dense_backward import (
     dense_backward,
     dense_optimizer_fit,
     dense_scale,
+    dp_allreduce_fit,
     tables_allreduce_s,
     tables_optimizer_s,
     with_dense_scale,
@@ -279,34 +280,6 @@ def sync_wait(calls: pd.DataFrame) -> float:
         late = w.median() - w
         out.append(float((late.max(axis=1) - late.mean(axis=1)).mean()))
     return float(np.mean(out)) if out else 0.0
-
-
-def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
-    """Per-byte cost of the data-parallel gradient allreduces (the dense module's too): what a
-    step's allreduces take per byte they carry.
-
-    Each call of a step is a bucket of its own size: per size, the median call's transfer
-    (a peer thread scheduled late makes one call several times slower, and a few profiled
-    calls must not let one such call price every data-parallel table); then their sum over
-    the sizes' bytes. Summed, not a median of per-byte rates: a small call is mostly its
-    fixed latency, and its rate would price a large replicated table's gradient several
-    times over.
-
-    Args:
-        nodes: graph nodes (`kind`, `part`, `bytes`, `transfer_s`, `dur_s` columns).
-    Returns:
-        The fit (a_s = 0), or None when the profile has no such call.
-    """
-    if nodes.empty:
-        return None
-    dp = nodes[
-        (nodes["kind"] == "dp_allreduce") & (nodes["part"] == "collective") & (nodes["bytes"] > 0)
-    ]
-    if dp.empty:
-        return None
-    per_size = dp["transfer_s"].fillna(dp["dur_s"]).groupby(dp["bytes"]).median()
-    b = float(per_size.sum() / per_size.index.to_numpy(dtype=np.float64).sum())
-    return OpFit(x=UNITS["dp_allreduce"], a_s=0.0, b_s=b, r2=0.0, n=int(len(dp)), overlap=0.0)
 
 
 def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu") -> pd.Series:
