@@ -182,6 +182,9 @@ def test_the_optimizer_pass_is_not_measured_from_noise_or_from_split_parts(analy
     as_parts = dataclasses.replace(ev, manifest={**ev.manifest, **parts})
     assert replicated(as_parts.manifest, trainer_only=True)[0] == 0
     assert dense_optimizer_fit([as_parts, tw]) is None
+    # on CUDA the main thread only launches the optimizer: its time measures no pass
+    assert dense_optimizer_fit([ev, tw]) is not None
+    assert dense_optimizer_fit([dataclasses.replace(e, device="cuda") for e in (ev, tw)]) is None
     fit = OpFit(x="elements", a_s=0.0, b_s=2e-9, r2=1.0, n=2)
     assert tables_optimizer_s(as_parts.manifest, {DENSE_OPTIMIZER: fit}) == pytest.approx(
         2e-9 * 105_600

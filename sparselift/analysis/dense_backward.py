@@ -161,17 +161,21 @@ def dense_optimizer_fit(evidence: Sequence[ProfileEvidence]) -> OpFit | None:
     the profiles, of their dense work outside forward and backward against their data-parallel
     tables' elements.
 
+    CPU profiles only: on CUDA the main thread launches the pass, and its time there does not
+    grow with the elements.
+
     Args:
         evidence: the profiles fitted together (levelled to one job's speed).
     Returns:
         The fit (x = elements, a_s = 0: the dense module's own pass is in the dense step), over
         the profiles that measured that work; None where they replicate fewer than two
-        different numbers of elements, or the slope is not positive (noise larger than it).
+        different numbers of elements, the slope is not positive (noise larger than it), or
+        they ran on CUDA.
     """
     points = [
         (replicated(ev.manifest, trainer_only=True)[0], ev.dense_other_s)
         for ev in evidence
-        if ev.dense_other_s is not None
+        if ev.dense_other_s is not None and ev.device == "cpu"
     ]
     x = np.array([p[0] for p in points], dtype=np.float64)
     y = np.array([p[1] for p in points], dtype=np.float64)
