@@ -174,8 +174,11 @@ def test_the_replicas_optimizer_pass_is_measured_beside_a_plan_without_them(anal
 def test_the_optimizer_pass_is_not_measured_from_noise_or_from_split_parts(analysis, twin):
     ev, tw = analysis.evidence, twin.evidence
     assert dense_optimizer_fit([ev, dataclasses.replace(ev, profile="again")]) is None  # one x
-    slower = dataclasses.replace(tw, dense_other_s=ev.dense_other_s * 2)  # less with more
-    assert dense_optimizer_fit([ev, slower]) is None
+    slower = dataclasses.replace(tw, dense_other_s=tuple(2 * v for v in ev.dense_other_s))
+    assert dense_optimizer_fit([ev, slower]) is None  # less with more
+    # more elements but steps no slower than the twin's, beyond their scatter: not resolved
+    alike = dataclasses.replace(ev, dense_other_s=tuple(v + 1e-6 for v in tw.dense_other_s))
+    assert dense_optimizer_fit([alike, tw]) is None
     # a split's parts train with their table's row-wise Adagrad in backward, not the trainer's
     # optimizer: they do not count as its elements, but the model prices their pass alike
     parts = {"splits": [{"table": "t", "kind": "hot_cold", "parts": ["t0", "t4", "t6"]}]}

@@ -158,33 +158,36 @@ def tables_optimizer_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) ->
 
 def dense_optimizer_fit(evidence: Sequence[ProfileEvidence]) -> OpFit | None:
     """The trainer's dense optimizer pass per element of replicated table weights: the line, over
-    the profiles, of their dense work outside forward and backward against their data-parallel
-    tables' elements.
+    the profiles' steps, of their dense work outside forward and backward against their
+    data-parallel tables' elements.
 
-    CPU profiles only: on CUDA the main thread launches the pass, and its time there does not
-    grow with the elements.
+    Measured only where the line stands out of the steps' scatter (slope ≥ 2 standard errors):
+    a slope within the noise would price replicas' pass at whatever the noise gave, near free
+    as readily as dear. CPU profiles only: on CUDA the main thread launches the pass, and its
+    time there does not grow with the elements.
 
     Args:
         evidence: the profiles fitted together (levelled to one job's speed).
     Returns:
-        The fit (x = elements, a_s = 0: the dense module's own pass is in the dense step), over
-        the profiles that measured that work; None where they replicate fewer than two
-        different numbers of elements, the slope is not positive (noise larger than it), or
-        they ran on CUDA.
+        The fit (x = elements, a_s = 0: the dense module's own pass is in the dense step; `n`:
+        the steps fitted); None where the profiles replicate fewer than two different numbers
+        of elements, the slope is not resolved, or they ran on CUDA.
     """
-    points = [
-        (replicated(ev.manifest, trainer_only=True)[0], ev.dense_other_s)
-        for ev in evidence
-        if ev.dense_other_s is not None and ev.device == "cpu"
-    ]
-    x = np.array([p[0] for p in points], dtype=np.float64)
-    y = np.array([p[1] for p in points], dtype=np.float64)
-    if len(np.unique(x)) < 2:
+    cpu = [ev for ev in evidence if ev.device == "cpu"]
+    x = np.array(
+        [replicated(ev.manifest, trainer_only=True)[0] for ev in cpu for _ in ev.dense_other_s],
+        dtype=np.float64,
+    )
+    y = np.array([v for ev in cpu for v in ev.dense_other_s], dtype=np.float64)
+    if len(np.unique(x)) < 2 or len(x) < 3:
         return None
-    b, a = np.polyfit(x, y, 1)
-    if not b > 0:
+    dx = x - x.mean()
+    sxx = float((dx**2).sum())
+    b = float((dx * (y - y.mean())).sum()) / sxx
+    resid = y - y.mean() - b * dx
+    se = float(np.sqrt((resid**2).sum() / (len(x) - 2) / sxx))
+    if not b >= 2.0 * se or b <= 0:
         return None
-    resid = y - (a + b * x)
     total = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((resid**2).sum()) / total if total > 0 else 0.0
-    return OpFit(x=DENSE_OPTIMIZER_UNIT, a_s=0.0, b_s=float(b), r2=r2, n=len(points))
+    return OpFit(x=DENSE_OPTIMIZER_UNIT, a_s=0.0, b_s=b, r2=r2, n=len(x))

@@ -60,9 +60,9 @@ class ProfileEvidence:
             to the steady step where it was timed.
         step_s: each profiled step's time, slowest rank (indexed by step), scaled alike.
         dp: its data-parallel allreduce collectives (`dense_backward.dp_allreduce_fit`'s input).
-        dense_other_s: the dense work outside forward and backward a step (the trainer's
-            optimizer step, its zero_grad), median over ranks and quieter steps; None where
-            the graph has none (`dense_backward.dense_optimizer_fit`'s input).
+        dense_other_s: the dense work outside forward and backward (the trainer's optimizer
+            step, its zero_grad), seconds per rank and quieter step; () where the graph has
+            none (`dense_backward.dense_optimizer_fit`'s input).
         target_s: the step the calibration reproduces: the steady step's median where timed,
             else the fastest profiled step (on a shared host, other processes only add time).
         steady_step_s: median step timed after the window; None when fewer than
@@ -87,7 +87,7 @@ class ProfileEvidence:
     transform: list[TransformSample] = field(default_factory=list)
     recombine: list[RecombineSample] = field(default_factory=list)
     lookup_scale: dict[tuple[int, str], float] = field(default_factory=dict)
-    dense_other_s: float | None = None
+    dense_other_s: tuple[float, ...] = ()
 
 
 def window_inflation(manifest: dict[str, Any], step_s: pd.Series) -> tuple[float, float] | None:
@@ -246,7 +246,7 @@ def gather_evidence(
         float(step_s.min()),
         transform=transform,
         recombine=recombine,
-        dense_other_s=float(other.median()) if len(other) else None,
+        dense_other_s=tuple(float(v) for v in other),
     )
     steady = window_inflation(manifest, step_s)
     return ev if steady is None else scaled_to_steady(ev, *steady)
@@ -300,7 +300,7 @@ def slowed(ev: ProfileEvidence, f: float) -> ProfileEvidence:
         if col in dp:
             dp[col] = dp[col] * f
     steady = None if ev.steady_step_s is None else ev.steady_step_s * f
-    other = None if ev.dense_other_s is None else ev.dense_other_s * f
+    other = tuple(v * f for v in ev.dense_other_s)
     return dataclasses.replace(
         ev,
         calls=calls,

@@ -275,7 +275,9 @@ def coefficients(
         `recombine_b_s`) are measured only where a split plan's steady steps timed them
         (`Calibration.split_cost_profiles`): fitted on the profiler's stand-alone timings alone
         they take those values but stay assumed, since a step pays more than a lone call (the
-        cost model then prices them at a margin and counts splits as risky).
+        cost model then prices them at a margin and counts splits as risky). The trainer's
+        optimizer pass over data-parallel tables (`dense_grad_b_s`) is measured where profiles
+        that replicate different weights measured it (`ops.dense_optimizer`).
     Raises:
         UserError: a calibration object with a wrong field (`Calibration.from_dict`).
     """
