@@ -176,6 +176,9 @@ def test_the_optimizer_pass_is_not_measured_from_noise_or_from_split_parts(analy
     assert dense_optimizer_fit([ev, dataclasses.replace(ev, profile="again")]) is None  # one x
     slower = dataclasses.replace(tw, dense_other_s=tuple(2 * v for v in ev.dense_other_s))
     assert dense_optimizer_fit([ev, slower]) is None  # less with more
+    # the twin in a job of its own: separate jobs run at their own speeds, compared not at all
+    apart = dataclasses.replace(tw, manifest={**tw.manifest, "side_by_side_job": "another"})
+    assert dense_optimizer_fit([ev, tw]) is not None and dense_optimizer_fit([ev, apart]) is None
     # more elements but steps no slower than the twin's, beyond their scatter: not resolved
     alike = dataclasses.replace(ev, dense_other_s=tuple(v + 1e-6 for v in tw.dense_other_s))
     assert dense_optimizer_fit([alike, tw]) is None
@@ -186,7 +189,6 @@ def test_the_optimizer_pass_is_not_measured_from_noise_or_from_split_parts(analy
     assert replicated(as_parts.manifest, trainer_only=True)[0] == 0
     assert dense_optimizer_fit([as_parts, tw]) is None
     # on CUDA the main thread only launches the optimizer: its time measures no pass
-    assert dense_optimizer_fit([ev, tw]) is not None
     assert dense_optimizer_fit([dataclasses.replace(e, device="cuda") for e in (ev, tw)]) is None
     fit = OpFit(x="elements", a_s=0.0, b_s=2e-9, r2=1.0, n=2)
     assert tables_optimizer_s(as_parts.manifest, {DENSE_OPTIMIZER: fit}) == pytest.approx(

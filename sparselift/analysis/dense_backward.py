@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from sparselift.analysis.evidence import ProfileEvidence
+from sparselift.analysis.job_levels import job_of
 from sparselift.calibration import (
     DENSE_KERNEL_TYPE,
     DENSE_OPTIMIZER,
@@ -159,35 +160,40 @@ def tables_optimizer_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) ->
 def dense_optimizer_fit(evidence: Sequence[ProfileEvidence]) -> OpFit | None:
     """The trainer's dense optimizer pass per element of replicated table weights: the line, over
     the profiles' steps, of their dense work outside forward and backward against their
-    data-parallel tables' elements.
+    data-parallel tables' elements, within each job (`job_levels.job_of`).
 
+    Within a job: separate jobs of one plan run up to 1.5× apart, which would read as a slope.
     Measured only where the line stands out of the steps' scatter (slope ≥ 2 standard errors):
-    a slope within the noise would price replicas' pass at whatever the noise gave, near free
-    as readily as dear. CPU profiles only: on CUDA the main thread launches the pass, and its
-    time there does not grow with the elements.
+    a slope within the noise would price the replicas' pass at whatever the noise gave, near
+    free as readily as dear. CPU profiles only: on CUDA the main thread launches the pass, and
+    its time there does not grow with the elements.
 
     Args:
-        evidence: the profiles fitted together (levelled to one job's speed).
+        evidence: the profiles fitted together.
     Returns:
         The fit (x = elements, a_s = 0: the dense module's own pass is in the dense step; `n`:
-        the steps fitted); None where the profiles replicate fewer than two different numbers
-        of elements, the slope is not resolved, or they ran on CUDA.
+        the steps fitted); None where no job has profiles that replicate different numbers of
+        elements, the slope is not resolved, or the profiles ran on CUDA.
     """
-    cpu = [ev for ev in evidence if ev.device == "cpu"]
-    x = np.array(
-        [replicated(ev.manifest, trainer_only=True)[0] for ev in cpu for _ in ev.dense_other_s],
-        dtype=np.float64,
-    )
-    y = np.array([v for ev in cpu for v in ev.dense_other_s], dtype=np.float64)
-    if len(np.unique(x)) < 2 or len(x) < 3:
+    rows = [
+        (job_of(ev), replicated(ev.manifest, trainer_only=True)[0], v)
+        for ev in evidence
+        if ev.device == "cpu"
+        for v in ev.dense_other_s
+    ]
+    if not rows:
         return None
-    dx = x - x.mean()
-    sxx = float((dx**2).sum())
-    b = float((dx * (y - y.mean())).sum()) / sxx
-    resid = y - y.mean() - b * dx
-    se = float(np.sqrt((resid**2).sum() / (len(x) - 2) / sxx))
+    steps = pd.DataFrame(rows, columns=["job", "x", "y"])
+    within = steps.groupby("job")[["x", "y"]].transform(lambda c: c - c.mean())
+    dof = len(steps) - steps["job"].nunique() - 1
+    sxx = float((within["x"] ** 2).sum())
+    if sxx <= 0 or dof < 1:
+        return None
+    b = float((within["x"] * within["y"]).sum()) / sxx
+    resid = within["y"] - b * within["x"]
+    se = float(np.sqrt((resid**2).sum() / dof / sxx))
     if not b >= 2.0 * se or b <= 0:
         return None
-    total = float(((y - y.mean()) ** 2).sum())
+    total = float((within["y"] ** 2).sum())
     r2 = 1.0 - float((resid**2).sum()) / total if total > 0 else 0.0
-    return OpFit(x=DENSE_OPTIMIZER_UNIT, a_s=0.0, b_s=b, r2=r2, n=len(x))
+    return OpFit(x=DENSE_OPTIMIZER_UNIT, a_s=0.0, b_s=b, r2=r2, n=len(steps))
