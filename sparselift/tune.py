@@ -3,9 +3,10 @@
 `tune` profiles the baseline plan (TorchRec's, unless one is given) under each train pipeline
 (the pair calibrates what the sparse-dist pipeline hides), at 16-bit comm precision (what 16-bit
 collectives cost), with its largest table row-wise (what a reduce-scatter costs), with its
-smallest tables data-parallel (what the dense TBE's backward and their all-reduce cost) and under
-the base pipeline again as a second model (two models of one plan step apart by where their memory
-landed: the pipeline and 16 bits must beat both, `compare.spanning`), all side by side in one
+smallest tables data-parallel (what the dense TBE's backward, their all-reduce and the
+optimizer's pass over them cost) and under the base pipeline again as a second model (two models
+of one plan step apart by where their memory landed: the pipeline and 16 bits must beat both,
+`compare.spanning`), all side by side in one
 job (`profile --also`: their steps are timed at one job's speed, so they differ by the plans
 alone); it plans from that calibration (trying a plan predicted `TRY_GAIN` faster than the
 profiled one, and a split that much faster than the best plan without: lower bars than a plan

@@ -99,19 +99,26 @@ def row_wise_variant(plan: str, work: Path) -> str | None:
 
 
 # the largest table (weights) `data_parallel_variant` replicates: the small tables TorchRec's
-# planner makes data-parallel, whose all-reduce and whole-table optimizer pass cost little
+# planner makes data-parallel, whose all-reduce and whole-table optimizer pass cost little; and
+# the most weights it replicates in all
 DATA_PARALLEL_VARIANT_MAX_BYTES = 1 << 20
+DATA_PARALLEL_VARIANT_TOTAL_BYTES = 4 << 20
 
 
 def data_parallel_variant(plan: str, work: Path) -> str | None:
-    """`plan` with its smallest quarter of tables (rows × dim; at least one) made data-parallel
-    on every rank, of those whose weights take at most DATA_PARALLEL_VARIANT_MAX_BYTES, under
-    the base pipeline, written beside the loop's plans; its path, or None where there is none to
-    make (one rank, splits, fewer than two tables, no table that small, or a table already
-    data-parallel: its profile measures them). Why: data-parallel tables look up with the dense
-    TBE, whose backward costs another multiple of the work than the fused kernels'
-    (`OpFit.dense_scale`), and their gradient is all-reduced; a plan without one prices both by
-    assumption. Small tables measure the dense TBE at little cost to the profile job."""
+    """`plan` with its small tables made data-parallel on every rank: smallest first (rows ×
+    dim), each of at most DATA_PARALLEL_VARIANT_MAX_BYTES of weights, as many as fit in
+    DATA_PARALLEL_VARIANT_TOTAL_BYTES, at most all but one table; under the base pipeline,
+    written beside the loop's plans. Its path, or None where there is none to make (one rank,
+    splits, fewer than two tables, no table that small, or a table already data-parallel: its
+    profile measures them).
+
+    Why: data-parallel tables look up with the dense TBE, whose backward costs another multiple
+    of the work than the fused kernels' (`OpFit.dense_scale`), their gradient is all-reduced and
+    the trainer's optimizer passes over their weights; a plan without one prices all three by
+    assumption. Small tables measure them at little cost to the profile job, and up to a few MiB
+    of them replicate enough weights for the optimizer's pass to stand out of the steps' noise
+    (`analysis.dense_backward.dense_optimizer_fit`)."""
     doc = json.loads(Path(plan).read_text())
     world = int(doc["topology"]["world_size"])
     size = {
@@ -128,12 +135,15 @@ def data_parallel_variant(plan: str, work: Path) -> str | None:
         or any(t["sharding_type"] == "data_parallel" for t in doc["tables"])
     ):
         return None
-    smallest = sorted(sharded, key=lambda t: (size[t["name"]], t["name"]))
-    chosen = [
-        t
-        for t in smallest[: max(1, len(sharded) // 4)]
-        if size[t["name"]] <= DATA_PARALLEL_VARIANT_MAX_BYTES
-    ]
+    smallest = sorted(sharded, key=lambda t: (size[t["name"]], t["name"]))[:-1]
+    chosen, total = [], 0
+    for t in smallest:
+        total += size[t["name"]]
+        if size[t["name"]] > DATA_PARALLEL_VARIANT_MAX_BYTES or total > (
+            DATA_PARALLEL_VARIANT_TOTAL_BYTES
+        ):
+            break
+        chosen.append(t)
     if not chosen:
         return None
     for table in chosen:

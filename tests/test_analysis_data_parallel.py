@@ -11,6 +11,7 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sparselift import plans
@@ -43,9 +44,9 @@ def analysis():
 
 
 @pytest.fixture(scope="module")
-def twin():
-    """The all-table-wise plan, profiled in the same job."""
-    return analyze(FIX / "profile_tiny_table_wise_same_job", cache=False)
+def twins():
+    """Two models of the all-table-wise plan, profiled in the same job."""
+    return [analyze(FIX / f"profile_tiny_table_wise_same_job{s}", cache=False) for s in ("", "_2")]
 
 
 def test_data_parallel_lookups_count_their_ids_and_keep_their_backward(analysis):
@@ -95,16 +96,22 @@ def test_dense_bwd_scale_prices_only_data_parallel_tables():
         assert bwd[1] == pytest.approx(base.lookup_bwd.b_s * work * factor + grad)
 
 
-def test_a_table_wise_calibration_predicts_the_data_parallel_plan(analysis):
-    """Held out: calibrated on the all-table-wise profile (which ran no dense TBE: its backward
-    is assumed to cost as the fused one), the model predicts the plan with data-parallel tables
-    within 10 %."""
-    cal = analyze(FIX / "profile_tiny_table_wise", cache=False).calibration.to_dict()
+def test_without_a_data_parallel_profile_replicas_are_priced_high_never_low(analysis, twins):
+    """Held out: calibrated on the two all-table-wise models of the same job (no dense TBE, no
+    replicas' all-reduce or optimizer pass measured), the model prices the plan with
+    data-parallel tables above its measured step, not below: its assumptions keep tables
+    sharded until a profile measured them, and the table-wise plan itself comes back within
+    5 %."""
+    cal = fit_jointly(twins, cache=False).calibration
     stats, batch = stats_from_profile(FIX / "profile_tiny_data_parallel")
-    plan = plans.load(FIX / "tiny_data_parallel.plan.json")
-    pred = predict_plan(plan, stats, cal, preset("cpu-gloo", 2, 2), batch).step_time_s
-    meas = analysis.steps.groupby("step")["dur_s"].max().min()
-    assert abs(pred - meas) / meas < 0.10
+    topo = preset("cpu-gloo", 2, 2)
+
+    def predicted(name: str) -> float:
+        plan = plans.load(FIX / f"{name}.plan.json")
+        return predict_plan(plan, stats, cal, topo, batch).step_time_s
+
+    assert predicted("tiny_data_parallel") > analysis.evidence.target_s
+    assert predicted("tiny_table_wise") == pytest.approx(twins[0].evidence.target_s, rel=0.05)
 
 
 def test_the_optimizer_reproduces_the_step_the_calibration_reproduces(analysis):
@@ -149,14 +156,14 @@ def _adagrad_step_s(profile: Path) -> float:
     return statistics.median(durs)
 
 
-def test_the_replicas_optimizer_pass_is_measured_beside_a_plan_without_them(analysis, twin):
+def test_the_replicas_optimizer_pass_is_measured_beside_a_plan_without_them(analysis, twins):
     """Profiled with and without 105,600 replicated elements in one job, the dense work outside
     forward and backward measures the trainer's optimizer pass over them: at the rate the
     traces' own Adagrad steps grew by, within a half."""
-    cal = fit_jointly([analysis, twin], cache=False).calibration
+    cal = fit_jointly([analysis, *twins], cache=False).calibration
     fit = cal.ops[DENSE_OPTIMIZER]
     elements = replicated(analysis.manifest)[0]
-    assert elements == 105_600 and replicated(twin.manifest)[0] == 0
+    assert elements == 105_600 and all(replicated(t.manifest)[0] == 0 for t in twins)
     grew = _adagrad_step_s(FIX / "profile_tiny_data_parallel") - _adagrad_step_s(
         FIX / "profile_tiny_table_wise_same_job"
     )
@@ -171,25 +178,31 @@ def test_the_replicas_optimizer_pass_is_measured_beside_a_plan_without_them(anal
     assert not coefficients(topo, analysis.calibration).measured("dense_grad_b_s")
 
 
-def test_the_optimizer_pass_is_not_measured_from_noise_or_from_split_parts(analysis, twin):
-    ev, tw = analysis.evidence, twin.evidence
-    assert dense_optimizer_fit([ev, dataclasses.replace(ev, profile="again")]) is None  # one x
-    slower = dataclasses.replace(tw, dense_other_s=tuple(2 * v for v in ev.dense_other_s))
-    assert dense_optimizer_fit([ev, slower]) is None  # less with more
-    # the twin in a job of its own: separate jobs run at their own speeds, compared not at all
-    apart = dataclasses.replace(tw, manifest={**tw.manifest, "side_by_side_job": "another"})
-    assert dense_optimizer_fit([ev, tw]) is not None and dense_optimizer_fit([ev, apart]) is None
-    # more elements but steps no slower than the twin's, beyond their scatter: not resolved
-    alike = dataclasses.replace(ev, dense_other_s=tuple(v + 1e-6 for v in tw.dense_other_s))
-    assert dense_optimizer_fit([alike, tw]) is None
+def test_the_optimizer_pass_is_not_measured_from_noise_or_from_split_parts(analysis, twins):
+    ev, tw = analysis.evidence, [t.evidence for t in twins]
+    assert dense_optimizer_fit([ev, *tw]) is not None
+    # two profiles: a line through them, and nothing to tell it from the profiles' scatter
+    assert dense_optimizer_fit([ev, tw[0]]) is None
+    assert dense_optimizer_fit([ev, dataclasses.replace(ev, profile="again"), *tw]) is not None
+    slower = [
+        dataclasses.replace(t, dense_other_s=tuple(2 * v for v in ev.dense_other_s)) for t in tw
+    ]
+    assert dense_optimizer_fit([ev, *slower]) is None  # less with more
+    # the twins in a job of their own: separate jobs run at their own speeds, not compared
+    apart = [dataclasses.replace(t, manifest={**t.manifest, "side_by_side_job": "x"}) for t in tw]
+    assert dense_optimizer_fit([ev, *apart]) is None
+    # more elements, but no more than the twins' own difference above them: not resolved
+    gap = abs(float(np.median(tw[0].dense_other_s)) - float(np.median(tw[1].dense_other_s)))
+    alike = dataclasses.replace(ev, dense_other_s=tuple(v + gap for v in tw[0].dense_other_s))
+    assert dense_optimizer_fit([alike, *tw]) is None
     # a split's parts train with their table's row-wise Adagrad in backward, not the trainer's
     # optimizer: they do not count as its elements, but the model prices their pass alike
     parts = {"splits": [{"table": "t", "kind": "hot_cold", "parts": ["t0", "t4", "t6"]}]}
     as_parts = dataclasses.replace(ev, manifest={**ev.manifest, **parts})
     assert replicated(as_parts.manifest, trainer_only=True)[0] == 0
-    assert dense_optimizer_fit([as_parts, tw]) is None
+    assert dense_optimizer_fit([as_parts, *tw]) is None
     # on CUDA the main thread only launches the optimizer: its time measures no pass
-    assert dense_optimizer_fit([dataclasses.replace(e, device="cuda") for e in (ev, tw)]) is None
+    assert dense_optimizer_fit([dataclasses.replace(e, device="cuda") for e in (ev, *tw)]) is None
     fit = OpFit(x="elements", a_s=0.0, b_s=2e-9, r2=1.0, n=2)
     assert tables_optimizer_s(as_parts.manifest, {DENSE_OPTIMIZER: fit}) == pytest.approx(
         2e-9 * 105_600

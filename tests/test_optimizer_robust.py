@@ -391,7 +391,7 @@ def test_data_parallel_is_risky_until_profiles_measured_the_dense_kernel():
     for names, dp_risky in (
         (["table_wise"], True),
         (["data_parallel"], True),
-        (["data_parallel", "table_wise_same_job"], False),
+        (["data_parallel", "table_wise_same_job", "table_wise_same_job_2"], False),
     ):
         analyses = [analyze(fixtures / f"profile_tiny_{n}", cache=False) for n in names]
         coeffs = coefficients(topo, fit_jointly(analyses, cache=False).calibration)

@@ -248,9 +248,13 @@ def test_the_row_wise_variant_makes_the_largest_table_row_wise_in_even_blocks(tm
     assert row_wise_variant(str(one), tmp_path) is None
 
 
-def test_the_data_parallel_variant_replicates_the_smallest_quarter_of_the_tables(tmp_path):
+def test_the_data_parallel_variant_replicates_the_small_tables_up_to_a_few_mib(tmp_path):
     from sparselift import plans
-    from sparselift.tune_plans import data_parallel_variant
+    from sparselift.tune_plans import (
+        DATA_PARALLEL_VARIANT_MAX_BYTES,
+        DATA_PARALLEL_VARIANT_TOTAL_BYTES,
+        data_parallel_variant,
+    )
 
     rr = tmp_path / "rr.json"
     argv = ["plan", "round-robin", "--workload", "tiny", "--world-size", "3"]
@@ -258,8 +262,20 @@ def test_the_data_parallel_variant_replicates_the_smallest_quarter_of_the_tables
     variant = plans.load(data_parallel_variant(str(rr), tmp_path))  # loading checks it
     before = {t.name: t for t in plans.load(rr).tables}
     moved = [t for t in variant.tables if t.sharding_type != before[t.name].sharding_type]
-    size = {t.name: t.num_embeddings * t.embedding_dim for t in variant.model}
-    assert sorted(t.name for t in moved) == sorted(sorted(size, key=size.get)[:2])  # 8 tables
+    size = {t.name: t.num_embeddings * t.embedding_dim * 4 for t in variant.model}
+    by_size = sorted(size, key=lambda n: (size[n], n))
+    k = len(moved)
+    assert sorted(t.name for t in moved) == sorted(by_size[:k])  # the smallest ones
+    assert all(size[n] <= DATA_PARALLEL_VARIANT_MAX_BYTES for n in by_size[:k])
+    total = sum(size[n] for n in by_size[:k])
+    assert 1 <= k < len(size) and total <= DATA_PARALLEL_VARIANT_TOTAL_BYTES
+    nxt = size[by_size[k]]  # the next table would break a bound
+    assert (
+        nxt > DATA_PARALLEL_VARIANT_MAX_BYTES
+        or total + nxt > DATA_PARALLEL_VARIANT_TOTAL_BYTES
+        or k == len(size) - 1
+    )
+    assert total > 1 << 20  # enough replicated weights for their optimizer pass to show
     assert all(t.compute_kernel == "dense" and t.ranks == [0, 1, 2] for t in moved)
     # a plan that already runs a data-parallel table measures them itself
     assert data_parallel_variant(str(tmp_path / "rr-data-parallel.json"), tmp_path) is None

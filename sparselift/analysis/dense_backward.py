@@ -159,33 +159,36 @@ def tables_optimizer_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) ->
 
 def dense_optimizer_fit(evidence: Sequence[ProfileEvidence]) -> OpFit | None:
     """The trainer's dense optimizer pass per element of replicated table weights: the line, over
-    the profiles' steps, of their dense work outside forward and backward against their
-    data-parallel tables' elements, within each job (`job_levels.job_of`).
+    the profiles, of their dense work outside forward and backward (median over ranks and quiet
+    steps) against their data-parallel tables' elements, within each job (`job_levels.job_of`).
 
     Within a job: separate jobs of one plan run up to 1.5× apart, which would read as a slope.
-    Measured only where the line stands out of the steps' scatter (slope ≥ 2 standard errors):
-    a slope within the noise would price the replicas' pass at whatever the noise gave, near
-    free as readily as dear. CPU profiles only: on CUDA the main thread launches the pass, and
-    its time there does not grow with the elements.
+    Measured only where the line stands out of the profiles' scatter about it (slope ≥ 2
+    standard errors, which takes a job of at least three profiles): the profiles of one plan
+    differ by more than their steps do, and a slope within that noise would price the replicas'
+    pass at whatever the noise gave, near free as readily as dear. CPU profiles only: on CUDA
+    the main thread launches the pass, and its time there does not grow with the elements.
 
     Args:
         evidence: the profiles fitted together.
     Returns:
         The fit (x = elements, a_s = 0: the dense module's own pass is in the dense step; `n`:
-        the steps fitted); None where no job has profiles that replicate different numbers of
-        elements, the slope is not resolved, or the profiles ran on CUDA.
+        the profiles fitted); None where the slope is not resolved, or the profiles ran on CUDA.
     """
     rows = [
-        (job_of(ev), replicated(ev.manifest, trainer_only=True)[0], v)
+        (
+            job_of(ev),
+            replicated(ev.manifest, trainer_only=True)[0],
+            float(np.median(ev.dense_other_s)),
+        )
         for ev in evidence
-        if ev.device == "cpu"
-        for v in ev.dense_other_s
+        if ev.device == "cpu" and ev.dense_other_s
     ]
     if not rows:
         return None
-    steps = pd.DataFrame(rows, columns=["job", "x", "y"])
-    within = steps.groupby("job")[["x", "y"]].transform(lambda c: c - c.mean())
-    dof = len(steps) - steps["job"].nunique() - 1
+    profiles = pd.DataFrame(rows, columns=["job", "x", "y"])
+    within = profiles.groupby("job")[["x", "y"]].transform(lambda c: c - c.mean())
+    dof = len(profiles) - profiles["job"].nunique() - 1
     sxx = float((within["x"] ** 2).sum())
     if sxx <= 0 or dof < 1:
         return None
@@ -196,4 +199,4 @@ def dense_optimizer_fit(evidence: Sequence[ProfileEvidence]) -> OpFit | None:
         return None
     total = float((within["y"] ** 2).sum())
     r2 = 1.0 - float((resid**2).sum()) / total if total > 0 else 0.0
-    return OpFit(x=DENSE_OPTIMIZER_UNIT, a_s=0.0, b_s=b, r2=r2, n=len(steps))
+    return OpFit(x=DENSE_OPTIMIZER_UNIT, a_s=0.0, b_s=b, r2=r2, n=len(profiles))
