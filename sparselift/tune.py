@@ -1,29 +1,27 @@
 """Close the loop on the harness: plan, measure, re-plan, and ship only what measured faster.
 
-`tune` profiles the baseline plan (TorchRec's, unless one is given) under each train pipeline
-(the pair calibrates what the sparse-dist pipeline hides), at 16-bit comm precision (what 16-bit
-collectives cost), with its largest table row-wise (what a reduce-scatter costs), with its
-smallest tables data-parallel (what the dense TBE's backward, their all-reduce and the
-optimizer's pass over them cost) and under the base pipeline again as a second model (two models
-of one plan step apart by where their memory landed: the pipeline and 16 bits must beat both,
-`compare.spanning`), all side by side in one
-job (`profile --also`: their steps are timed at one job's speed, so they differ by the plans
-alone); it plans from that calibration (trying a plan predicted `TRY_GAIN` faster than the
+`tune` profiles the baseline plan (TorchRec's, unless one is given) under each train pipeline (the
+pair calibrates what the sparse-dist pipeline hides), at 16-bit comm precision (what 16-bit
+collectives cost), with its largest table row-wise (what a reduce-scatter costs), with its smallest
+tables data-parallel (what the dense TBE's backward, their all-reduce and the optimizer's pass over
+them cost) and under the base pipeline again as a second model (two models of one plan step apart by
+where their memory landed: the pipeline and 16 bits must beat both, `compare.spanning`), all side by
+side in one job (`profile --also`: their steps are timed at one job's speed, so they differ by the
+plans alone); it plans from that calibration (trying a plan predicted `TRY_GAIN` faster than the
 profiled one, and a split that much faster than the best plan without: lower bars than a plan
-shipped unmeasured needs, as the profile and the A/B measure it), profiles the candidate the
-same way with the baseline beside it (separate jobs run at their own speed: the plan both ran
-levels them, `analysis.job_levels`), recalibrates on every profile so far together
-(`analysis.joint`: more plans tell more coefficients apart; a split plan's profile, of the
-model's tables split into virtual ones, is fitted with the others, and the statistics are read
-from one without splits), re-plans, and so on until the plan is a fixed point (or one already
-profiled) or the iteration budget is spent. The candidate is the plan that ran fastest beside
-the baseline where any ran faster, else the plan the loop ended at. Then it measures candidate
-and baseline in an A/B: both trained side by side in one job, taking turns
-(`workloads.side_by_side`), each plan as two models (two models of one plan step apart by where
-their memory landed). The candidate is shipped only when the lower end of the interval of the
-measured ratio, over every pair of models, is above 1 (where the first job leaves that open, a
-second job's rounds are judged with it: `tune_ab`): a model's prediction is evidence for trying
-a plan, not for shipping it.
+shipped unmeasured needs, as the profile and the A/B measure it), profiles the candidate the same
+way with the baseline beside it (separate jobs run at their own speed: the plan both ran levels
+them, `analysis.job_levels`), recalibrates on every profile so far together (`analysis.joint`: more
+plans tell more coefficients apart; a split plan's profile, of the model's tables split into virtual
+ones, is fitted with the others, and the statistics are read from one without splits), re-plans, and
+so on until the plan is a fixed point (or one already profiled) or the iteration budget is spent.
+The candidate is the plan that ran fastest beside the baseline where any ran faster, else the plan
+the loop ended at. Then it measures candidate and baseline in an A/B: both trained side by side in
+one job, taking turns (`workloads.side_by_side`), each plan as two models (two models of one plan
+step apart by where their memory landed). The candidate is shipped only when the lower end of the
+interval of the measured ratio, over every pair of models, is above 1 (where the first job leaves
+that open, a second job's rounds are judged with it: `tune_ab`): a model's prediction is evidence
+for trying a plan, not for shipping it.
 
 Each step runs a `sparselift` command in-process (profile, analyze, optimize, plan: the caller
 passes the CLI's entry point, so this module does not import the CLI), so it takes the same

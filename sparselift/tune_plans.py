@@ -46,10 +46,10 @@ def calibration_plans(plan: str, work: Path, baseline: str) -> list[tuple[str, s
     plans, each with its profile directory's suffix: under the base ("") and the sparse-dist
     pipeline (the pair measures what the pipeline hides) and, for the `baseline` itself, at 16
     bits (what 16-bit collectives cost), with a table row-wise (what a reduce-scatter costs,
-    `row_wise_variant`) and with its smallest tables data-parallel (what the dense TBE's
-    backward and their gradient all-reduce cost, `data_parallel_variant`), where there are
-    such; for any other plan, the baseline under the base
-    pipeline ("-baseline"): the plan both jobs ran levels this job's speed with the first's
+    `row_wise_variant`) and with its small tables data-parallel (what the dense TBE's
+    backward, their gradient all-reduce and the trainer's optimizer pass over them cost,
+    `data_parallel_variant`), where there are such; for any other plan, the baseline under the
+    base pipeline ("-baseline"): the plan both jobs ran levels this job's speed with the first's
     (`analysis.job_levels`). Last, `plan` under the base pipeline again, as a model of its own
     ("-model-2"): the pipeline and 16 bits are then measured faster only against both models
     (`compare.spanning`)."""

@@ -195,7 +195,7 @@ def dense_optimizer_fit(evidence: Sequence[ProfileEvidence]) -> OpFit | None:
     b = float((within["x"] * within["y"]).sum()) / sxx
     resid = within["y"] - b * within["x"]
     se = float(np.sqrt((resid**2).sum() / dof / sxx))
-    if not b >= 2.0 * se or b <= 0:
+    if not (b > 0 and b >= 2.0 * se):
         return None
     total = float((within["y"] ** 2).sum())
     r2 = 1.0 - float((resid**2).sum()) / total if total > 0 else 0.0
