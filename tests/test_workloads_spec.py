@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,19 @@ def test_cli_malformed_json_and_bad_dims(cli, write_json):
 def test_cli_lists_workloads(cli):
     code, out, _ = cli("workloads")
     assert code == 0 and "criteo-kaggle" in out and "multihot-26" in out
+
+
+def test_trainable_workloads_are_seeded_valid_specs_in_their_stated_ranges():
+    """The held-out corpus `bench_tune_corpus` tunes: the same seed gives the same spec, each
+    parses as a spec (the rules every user's file meets) and stays within its stated ranges."""
+    from sparselift.optimizer.synthetic import trainable_workload
+
+    specs = [trainable_workload(seed) for seed in range(20)]
+    assert trainable_workload(3) == specs[3]
+    assert len({json.dumps(s, sort_keys=True) for s in specs}) == 20
+    for seed, d in enumerate(specs):
+        spec = parse_workload(d, f"held-out-{seed}")
+        assert 12 <= len(spec.tables) <= 24 and spec.batch_size in (512, 1024)
+        for t in spec.tables:
+            assert 1_000 <= t.num_embeddings <= 2_000_000 and 16 <= t.embedding_dim <= 128
+            assert 1 <= t.pooling_factor <= 30 and 0.6 <= t.zipf_alpha <= 1.2

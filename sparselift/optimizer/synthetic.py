@@ -84,3 +84,35 @@ def synthetic_workload(
             for s in synthetic_stats(n_tables, seed, max_rows)
         ],
     }
+
+
+TRAINABLE_DIMS = (16, 32, 64, 64, 128)
+TRAINABLE_POOLINGS = (1, 1, 1, 2, 4, 5, 10, 12, 25, 30)
+
+
+def trainable_workload(seed: int) -> dict[str, Any]:
+    """A seeded workload spec small enough to train on 2 CPU ranks, for measured held-out checks
+    (`benchmarks/bench_tune_corpus.py`): 12–24 tables, rows log-uniform in 10³–2·10⁶, dims
+    16–128, Poisson poolings of mean 1–30, Zipf 0.6–1.2, a concat-MLP of two random widths and a
+    batch of 512 or 1024 per rank. The same seed gives the same spec."""
+    rng = random.Random(5000 + seed)
+    width = rng.choice((64, 128, 256))
+    tables = [
+        {
+            "name": f"g{i}",
+            "num_embeddings": int(math.exp(rng.uniform(math.log(1e3), math.log(2e6)))),
+            "embedding_dim": rng.choice(TRAINABLE_DIMS),
+            "pooling_factor": rng.choice(TRAINABLE_POOLINGS),
+            "pooling": "poisson",
+            "zipf_alpha": round(rng.uniform(0.6, 1.2), 2),
+        }
+        for i in range(rng.randint(12, 24))
+    ]
+    return {
+        "name": f"held-out-{seed}",
+        "description": f"seeded random held-out spec (seed {seed})",
+        "batch_size": rng.choice((512, 1024)),
+        "dense_in_features": 13,
+        "model": {"arch": "concat-mlp", "dense_arch": [width, 64], "over_arch": [width, 1]},
+        "tables": tables,
+    }

@@ -1,0 +1,189 @@
+"""`sparselift tune` on seeded random workloads it has never seen, each verdict checked again.
+
+Per seed, a workload spec from `synthetic.trainable_workload` (12–24 tables, rows 10³–2·10⁶,
+mixed dims and poolings) is tuned on `--nproc` ranks exactly as a user would run it
+(`sparselift tune --workload SPEC --out plan.json`). Then the plan it wrote is measured again
+against TorchRec's plan in a fresh job with another seed (other weights and batches): two models
+of each side by side, `--confirm-rounds` rounds, the interval `tune` ships on
+(`compare.ab_interval`). A shipped plan whose confirmation is below 1 is a false ship; a kept
+TorchRec plan is confirmed only where `--confirm-kept` asks (it is TorchRec's plan against
+itself).
+
+Printed per seed: tables, the first candidate's predicted gain and its gain in the profile's
+turns beside the baseline (so the prediction error on a plan never seen before), the A/B and
+its interval, what was shipped, the confirmation, and the wall time.
+
+    .venv/bin/python benchmarks/bench_tune_corpus.py [--seeds 0 1 2 3 4 5] [--nproc 2]
+        [--confirm-rounds 6] [--confirm-kept] [--work DIR] [--json out.json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from cli_steps import CLI
+
+from sparselift.analysis.compare import ab_interval
+from sparselift.bench import Contender, run_bench
+from sparselift.optimizer.synthetic import trainable_workload
+from sparselift.workloads.harness import TrainConfig
+
+QUICK_TUNE = ["--rounds", "4", "--more-rounds", "0", "--max-iterations", "1"]
+CONFIRM_SEED = 1  # tune trains with seed 0; the confirmation with other weights and batches
+
+
+def tune(spec: Path, work: Path, nproc: int, extra: list[str]) -> tuple[dict[str, Any], float]:
+    """Run `sparselift tune` on `spec` (with `extra` arguments); its tune.json and the wall
+    seconds.
+
+    Raises:
+        RuntimeError: tune exited non-zero (its last lines attached).
+    """
+    t0 = time.perf_counter()
+    cmd = [*CLI, "tune", "--workload", str(spec), "--nproc", str(nproc), *extra]
+    cmd += ["--out", str(work / "plan.json"), "--work", str(work / "w")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    (work / "tune.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"tune failed on {spec}: {done.stderr.strip()[-400:]}")
+    return json.loads((work / "w" / "tune.json").read_text()), wall
+
+
+def first_candidate(result: dict[str, Any]) -> dict[str, float] | None:
+    """The first plan tune tried after the baseline: its predicted gain and the gain measured
+    in its profile's turns beside the baseline; None when no plan was tried."""
+    for it in result["iterations"][1:]:
+        if it["predicted_step_s"] and it["measured_step_s"] and it["baseline_step_s"]:
+            base = it["baseline_step_s"]
+            return {
+                "predicted": base / it["predicted_step_s"],
+                "in_turns": base / it["measured_step_s"],
+                "error": it["predicted_step_s"] / it["measured_step_s"] - 1.0,
+            }
+    return None
+
+
+def confirm(spec: Path, plan: Path, baseline: Path, nproc: int, rounds: int) -> dict[str, Any]:
+    """The written plan against TorchRec's, two models each side by side in a fresh job with
+    another seed, in `tune`'s order: (ratio, low, high), the 95 % interval as `tune` computes it."""
+    contenders = [
+        Contender(label, str(path))
+        for label, path in (
+            ("plan", plan),
+            ("torchrec", baseline),
+            ("torchrec 2", baseline),
+            ("plan 2", plan),
+        )
+    ]
+    cfg = TrainConfig(workload=str(spec), nproc=nproc, seed=CONFIRM_SEED)
+    run_bench(cfg, contenders, rounds)
+    cand = [contenders[0].steps_per_s, contenders[3].steps_per_s]
+    base = [contenders[1].steps_per_s, contenders[2].steps_per_s]
+    _, ratio, low, high = ab_interval(cand, base)
+    return {"ratio": ratio, "low": low, "high": high}
+
+
+def run_seed(seed: int, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Tune one seeded workload and confirm its verdict; the row the table prints."""
+    work = root / f"seed{seed}"
+    work.mkdir(parents=True, exist_ok=True)
+    spec = work / "spec.json"
+    workload = trainable_workload(seed)
+    spec.write_text(json.dumps(workload, indent=1))
+    result, wall = tune(spec, work, args.nproc, QUICK_TUNE if args.quick else [])
+    row: dict[str, Any] = {
+        "seed": seed,
+        "tables": len(workload["tables"]),
+        "batch": workload["batch_size"],
+        "first_candidate": first_candidate(result),
+        "ab": {k: result[k] for k in ("ratio", "low", "high")} if result.get("ratio") else None,
+        "shipped": result["shipped"],
+        "reason": result["reason"],
+        "tune_wall_s": wall,
+        "confirm": None,
+    }
+    if result["shipped"] == "candidate" or args.confirm_kept:
+        baseline = Path(result["baseline"])
+        row["confirm"] = confirm(
+            spec, work / "plan.json", baseline, args.nproc, args.confirm_rounds
+        )
+    return row
+
+
+def fmt_ratio(r: dict[str, float] | None) -> str:
+    """`1.023× (0.981–1.070)`, or — when absent."""
+    return "—" if r is None else f"{r['ratio']:.3f}× ({r['low']:.3f}–{r['high']:.3f})"
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """The per-seed table and the summary: shipped, confirmed, false ships, prediction errors."""
+    print(
+        "| seed | tables | predicted | in turns | error | A/B (97.5 %) | shipped | "
+        "confirmed, fresh job (95 %) | tune wall |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        c = r["first_candidate"]
+        pred = "no plan tried" if c is None else f"{c['predicted']:.3f}×"
+        turns = "—" if c is None else f"{c['in_turns']:.3f}×"
+        err = "—" if c is None else f"{100 * c['error']:+.1f} %"
+        print(
+            f"| {r['seed']} | {r['tables']} | {pred} | {turns} | {err} | {fmt_ratio(r['ab'])} "
+            f"| {r['shipped']} | {fmt_ratio(r['confirm'])} | {r['tune_wall_s'] / 60:.1f} min |"
+        )
+    shipped = [r for r in rows if r["shipped"] == "candidate"]
+    false_ships = [r for r in shipped if r["confirm"] and r["confirm"]["ratio"] < 1.0]
+    errors = [abs(r["first_candidate"]["error"]) for r in rows if r["first_candidate"]]
+    print(
+        f"\nshipped {len(shipped)} of {len(rows)}; confirmed below 1: {len(false_ships)}"
+        + (
+            f"; |prediction error| median {100 * sorted(errors)[len(errors) // 2]:.1f} %, "
+            f"max {100 * max(errors):.1f} %"
+            if errors
+            else ""
+        )
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--confirm-rounds", type=int, default=6)
+    ap.add_argument(
+        "--confirm-kept", action="store_true", help="also re-measure where TorchRec's plan was kept"
+    )
+    ap.add_argument("--work", default=None, help="keep specs, plans and profiles here")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true", help="seed 0, a short tune, 3 rounds")
+    args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.confirm_rounds = [0], 3
+    root = Path(args.work or tempfile.mkdtemp(prefix="bench-tune-corpus-"))
+    rows, failed = [], []
+    for seed in args.seeds:
+        try:
+            rows.append(run_seed(seed, root, args))
+        except RuntimeError as e:  # a held-out spec tune cannot take is a finding: go on
+            failed.append(seed)
+            print(f"seed {seed}: {e}", file=sys.stderr, flush=True)
+            continue
+        print(f"seed {seed}: {rows[-1]['reason']}", file=sys.stderr, flush=True)
+    print_table(rows)
+    if failed:
+        print(f"tune failed on seeds {failed} (logs: {root}/seed*/tune.log)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "failed": failed}, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
