@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ from sparselift.optimizer.synthetic import trainable_workload
 from sparselift.workloads.harness import TrainConfig
 
 QUICK_TUNE = ["--rounds", "4", "--more-rounds", "0", "--max-iterations", "1"]
+FIRST_CANDIDATE = "plan1.json"  # the first plan tune makes (`tune.py`)
 CONFIRM_SEED = 1  # tune trains with seed 0; the confirmation with other weights and batches
 
 
@@ -58,15 +60,18 @@ def tune(spec: Path, work: Path, nproc: int, extra: list[str]) -> tuple[dict[str
 
 
 def first_candidate(result: dict[str, Any]) -> dict[str, float] | None:
-    """The first plan tune tried after the baseline: its predicted gain and the gain measured
-    in its profile's turns beside the baseline; None when no plan was tried."""
+    """The first plan tune tried after the baseline: its predicted gain (over the baseline as
+    measured in the job it was predicted from), its gain measured in its own profile's turns
+    beside the baseline, and the prediction's error against its step at the speed of the job
+    it was predicted from (tune's `levelled_step_s`); None when no plan was tried."""
+    calibrated_on = result["iterations"][0]["measured_step_s"]
     for it in result["iterations"][1:]:
         if it["predicted_step_s"] and it["measured_step_s"] and it["baseline_step_s"]:
-            base = it["baseline_step_s"]
+            levelled = it["levelled_step_s"] or it["measured_step_s"]
             return {
-                "predicted": base / it["predicted_step_s"],
-                "in_turns": base / it["measured_step_s"],
-                "error": it["predicted_step_s"] / it["measured_step_s"] - 1.0,
+                "predicted": calibrated_on / it["predicted_step_s"],
+                "in_turns": it["baseline_step_s"] / it["measured_step_s"],
+                "error": it["predicted_step_s"] / levelled - 1.0,
             }
     return None
 
@@ -105,6 +110,7 @@ def run_seed(seed: int, root: Path, args: argparse.Namespace) -> dict[str, Any]:
         "batch": workload["batch_size"],
         "first_candidate": first_candidate(result),
         "ab": {k: result[k] for k in ("ratio", "low", "high")} if result.get("ratio") else None,
+        "candidate": Path(result["candidate"]).name,
         "shipped": result["shipped"],
         "reason": result["reason"],
         "tune_wall_s": wall,
@@ -141,16 +147,23 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
     shipped = [r for r in rows if r["shipped"] == "candidate"]
     false_ships = [r for r in shipped if r["confirm"] and r["confirm"]["ratio"] < 1.0]
-    errors = [abs(r["first_candidate"]["error"]) for r in rows if r["first_candidate"]]
-    print(
-        f"\nshipped {len(shipped)} of {len(rows)}; confirmed below 1: {len(false_ships)}"
-        + (
-            f"; |prediction error| median {100 * sorted(errors)[len(errors) // 2]:.1f} %, "
-            f"max {100 * max(errors):.1f} %"
-            if errors
-            else ""
+    print(f"\nshipped {len(shipped)} of {len(rows)}; confirmed below 1: {len(false_ships)}")
+    errors = [r["first_candidate"]["error"] for r in rows if r["first_candidate"]]
+    if errors:
+        print(
+            f"first candidates' prediction error: median {100 * statistics.median(errors):+.1f} %,"
+            f" largest miss {100 * max(errors, key=abs):+.1f} %"
         )
-    )
+    over = [  # where the A/B measured the first candidate itself
+        r["first_candidate"]["predicted"] / r["ab"]["ratio"]
+        for r in rows
+        if r["first_candidate"] and r["ab"] and r["candidate"] == FIRST_CANDIDATE
+    ]
+    if over:
+        print(
+            f"predicted gain ÷ the A/B's: median {statistics.median(over):.3f}, "
+            f"{min(over):.3f}–{max(over):.3f} ({len(over)} workloads)"
+        )
 
 
 def main() -> int:

@@ -36,6 +36,7 @@ import dataclasses
 import io
 import json
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,18 @@ class StepFailed(Exception):
         self.code = code
 
 
+def models_step_s(*profiles: str) -> float:
+    """The steady step of one plan profiled as `profiles` (its models, side by side in one job):
+    the geometric mean of their median steady steps. Models of one plan run apart by where their
+    memory landed, so one alone would carry its offset into the plan's measured step and every
+    comparison with it.
+
+    Raises:
+        UserError: a profile without enough steady steps (`compare.steady_steps`).
+    """
+    return statistics.geometric_mean(steady_steps(p).median_s for p in profiles)
+
+
 @dataclass
 class Iteration:
     """One profiled plan of the loop: what the model predicted for it and what it measured.
@@ -86,11 +99,12 @@ class Iteration:
         plan: the plan file profiled.
         profile: its profile directory under the plan's own pipeline.
         predicted_step_s: the step `optimize` predicted for it (None for the baseline).
-        measured_step_s: the median steady step of its profile (slowest rank).
+        measured_step_s: its median steady step (slowest rank), at the geometric mean of its
+            two models where the plan runs the base pipeline (`models_step_s`).
         next_plan: the plan `optimize` made from this profile.
-        baseline_step_s: the baseline's median steady step in the same job (the baseline's
-            own profile is `measured_step_s` for the first iteration; later ones profile it
-            beside the plan).
+        baseline_step_s: the baseline's median steady step in the same job, under the base
+            pipeline (the first iteration's two models of it; later ones profile it beside the
+            plan).
         held_out: the joint calibration's leave-one-out checks after this profile
             (`calibration.HeldOut` as JSON; [] while there is one base profile).
         levelled_step_s: `measured_step_s` at the speed of the job the prediction was made
@@ -274,8 +288,8 @@ def tune(
         own = (
             prof_sd if json.loads(Path(plan).read_text()).get("pipeline") == "sparse-dist" else prof
         )
-        measured = steady_steps(own).median_s
-        base_step = steady_steps(prof if i == 0 else f"{prof}-baseline").median_s
+        measured = models_step_s(own, *([f"{prof}-model-2"] if own == prof else []))
+        base_step = models_step_s(*([prof, f"{prof}-model-2"] if i == 0 else [f"{prof}-baseline"]))
         held = json.loads(Path(prof, "calibration.json").read_text()).get("held_out", [])
         there = result.iterations[-1].baseline_step_s if result.iterations else None
         levelled = None if there is None else measured * there / base_step

@@ -182,6 +182,20 @@ def test_separate_jobs_are_levelled_by_the_plan_both_profiled():
     )
 
 
+def test_a_plan_profiled_as_two_models_levels_jobs_at_their_geometric_mean():
+    # job B holds two models of the shared plan, 1.5× and 1.2× job A's step: one model alone
+    # would level job B by its own offset
+    tw = _evidence("tw", 0, 4, ["table_wise"])
+    evidence = [
+        _in_job(tw, "A", "tw"),
+        _in_job(tw, "B", "tw", 1.5),
+        _in_job(dataclasses.replace(tw, profile="tw-model-2"), "B", "tw", 1.2),
+    ]
+    levels = job_levels(evidence)
+    assert [lv.level for lv in levels] == pytest.approx([1.0, 1.8**0.5, 1.8**0.5])
+    assert levels[1].via == ("tw / tw + tw-model-2",)
+
+
 def test_each_fixture_profile_is_predicted_by_the_fit_on_the_other():
     joint = fit_jointly([analyze(TW, cache=False), analyze(RW, cache=False)])
     cal = joint.calibration

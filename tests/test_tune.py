@@ -10,7 +10,7 @@ import pytest
 
 from sparselift.analysis.compare import ab_interval, ratio_interval, steady_steps
 from sparselift.cli import main
-from sparselift.tune import tune
+from sparselift.tune import models_step_s, tune
 from sparselift.tune_ab import fastest_beside_baseline
 from sparselift.tune_report import iteration_table, write_tune_report
 from sparselift.workloads.harness import TrainConfig
@@ -97,8 +97,14 @@ def test_a_candidate_that_measured_slower_is_not_shipped(tmp_path, baseline):
     # the baseline profiled beside the candidate levels the first job's speed with the second's
     work = tmp_path / "work"
     beside = steady_steps(work / "profile1-baseline").median_s
-    assert rec["iterations"][1]["baseline_step_s"] == beside
-    level = steady_steps(work / "profile0").median_s / beside
+    assert rec["iterations"][1]["baseline_step_s"] == pytest.approx(beside, rel=1e-12)
+    # each plan's step is that of its two models together (the baseline's, first, too)
+    first, second = (
+        models_step_s(str(work / p), str(work / f"{p}-model-2")) for p in ("profile0", "profile1")
+    )
+    assert rec["iterations"][1]["measured_step_s"] == pytest.approx(second, rel=1e-12)
+    assert rec["iterations"][0]["baseline_step_s"] == pytest.approx(first, rel=1e-12)
+    level = first / beside
     assert [h.get("level", 1.0) for h in held] == pytest.approx([1, 1, 1, *[level] * 5])
     cal = json.loads((tmp_path / "work" / "profile1" / "calibration.json").read_text())
     assert cal["ops"]["qcomm_quantize"]["n"] > 0 and cal["ops"]["output_dist_rs_fwd"]["n"] > 0

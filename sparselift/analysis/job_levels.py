@@ -61,25 +61,26 @@ def job_levels(evidence: list[ProfileEvidence]) -> list[JobLevel]:
     """Each profile's job level (see the module's docstring), in `evidence`'s order.
 
     Two jobs that profiled the same plan are linked by the median, over the plans they share,
-    of that plan's target step in one ÷ in the other; levels multiply along links, breadth
-    first from the first profile's job.
+    of that plan's target step in one ÷ in the other; a plan profiled as several models in one
+    job counts at their geometric mean: models of one plan run apart (where their memory
+    landed), and one model alone would carry its offset into every level. Levels multiply along links, breadth first from the
+    first profile's job.
     """
     jobs = [job_of(ev) for ev in evidence]
-    # (job, plan) → its profile: a plan profiled twice in one job keeps the first
-    seen: dict[tuple[str, str], ProfileEvidence] = {}
+    models: dict[tuple[str, str], list[ProfileEvidence]] = {}  # (job, plan) → its profiles
     for job, ev in zip(jobs, evidence, strict=True):
-        seen.setdefault((job, plan_of(ev)), ev)
+        models.setdefault((job, plan_of(ev)), []).append(ev)
+    step = {
+        key: statistics.geometric_mean(ev.target_s for ev in evs) for key, evs in models.items()
+    }
+    name = {key: " + ".join(ev.profile for ev in evs) for key, evs in models.items()}
     links: dict[str, dict[str, tuple[float, tuple[str, ...]]]] = {j: {} for j in jobs}
     for a in dict.fromkeys(jobs):
         for b in dict.fromkeys(jobs):
-            shared = [
-                (seen[(a, p)], seen[(b, p)])
-                for (j, p) in seen
-                if j == a and a != b and (b, p) in seen
-            ]
+            shared = [p for (j, p) in models if j == a and a != b and (b, p) in models]
             if shared:
-                ratio = statistics.median(y.target_s / x.target_s for x, y in shared)
-                links[a][b] = (ratio, tuple(f"{x.profile} / {y.profile}" for x, y in shared))
+                ratio = statistics.median(step[(b, p)] / step[(a, p)] for p in shared)
+                links[a][b] = (ratio, tuple(f"{name[(a, p)]} / {name[(b, p)]}" for p in shared))
     level: dict[str, tuple[float, tuple[str, ...]]] = {jobs[0]: (1.0, ())}
     queue = deque([jobs[0]])
     while queue:
