@@ -63,8 +63,8 @@ def job_levels(evidence: list[ProfileEvidence]) -> list[JobLevel]:
     Two jobs that profiled the same plan are linked by the median, over the plans they share,
     of that plan's target step in one ÷ in the other; a plan profiled as several models in one
     job counts at their geometric mean: models of one plan run apart (where their memory
-    landed), and one model alone would carry its offset into every level. Levels multiply along links, breadth first from the
-    first profile's job.
+    landed), and one model alone would carry its offset into every level. Levels multiply
+    along links, breadth first from the first profile's job.
     """
     jobs = [job_of(ev) for ev in evidence]
     models: dict[tuple[str, str], list[ProfileEvidence]] = {}  # (job, plan) → its profiles
