@@ -5,7 +5,7 @@ mixed dims and poolings) is tuned on `--nproc` ranks exactly as a user would run
 (`sparselift tune --workload SPEC --out plan.json`). Then the plan it wrote is measured again
 against TorchRec's plan in a fresh job with another seed (other weights and batches): two models
 of each side by side, `--confirm-rounds` rounds, the interval `tune` ships on
-(`compare.ab_interval`). A shipped plan whose confirmation is below 1 is a false ship; a kept
+(`tune_ab.run_ab`). A shipped plan whose confirmation is below 1 is a false ship; a kept
 TorchRec plan is confirmed only where `--confirm-kept` asks (it is TorchRec's plan against
 itself).
 
@@ -31,9 +31,8 @@ from typing import Any
 
 from cli_steps import CLI
 
-from sparselift.analysis.compare import ab_interval
-from sparselift.bench import Contender, run_bench
 from sparselift.optimizer.synthetic import trainable_workload
+from sparselift.tune_ab import run_ab
 from sparselift.workloads.harness import TrainConfig
 
 QUICK_TUNE = ["--rounds", "4", "--more-rounds", "0", "--max-iterations", "1"]
@@ -76,24 +75,16 @@ def first_candidate(result: dict[str, Any]) -> dict[str, float] | None:
     return None
 
 
-def confirm(spec: Path, plan: Path, baseline: Path, nproc: int, rounds: int) -> dict[str, Any]:
-    """The written plan against TorchRec's, two models each side by side in a fresh job with
-    another seed, in `tune`'s order: (ratio, low, high), the 95 % interval as `tune` computes it."""
-    contenders = [
-        Contender(label, str(path))
-        for label, path in (
-            ("plan", plan),
-            ("torchrec", baseline),
-            ("torchrec 2", baseline),
-            ("plan 2", plan),
-        )
-    ]
+def confirm(
+    spec: Path, plan: Path, baseline: Path, nproc: int, rounds: int, work: Path
+) -> dict[str, Any]:
+    """The written plan against TorchRec's, measured as `tune`'s A/B measures (`tune_ab.run_ab`:
+    two models each side by side, one job) in a fresh job with another seed; (ratio, low, high),
+    the interval at 95 %. The runs are written to `work`/bench.json."""
+    work.mkdir(parents=True, exist_ok=True)
     cfg = TrainConfig(workload=str(spec), nproc=nproc, seed=CONFIRM_SEED)
-    run_bench(cfg, contenders, rounds)
-    cand = [contenders[0].steps_per_s, contenders[3].steps_per_s]
-    base = [contenders[1].steps_per_s, contenders[2].steps_per_s]
-    _, ratio, low, high = ab_interval(cand, base)
-    return {"ratio": ratio, "low": low, "high": high}
+    ab = run_ab(cfg, work, str(plan), str(baseline), rounds, echo=lambda _: None)
+    return {"ratio": ab.ratio, "low": ab.low, "high": ab.high}
 
 
 def run_seed(seed: int, root: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -119,7 +110,7 @@ def run_seed(seed: int, root: Path, args: argparse.Namespace) -> dict[str, Any]:
     if result["shipped"] == "candidate" or args.confirm_kept:
         baseline = Path(result["baseline"])
         row["confirm"] = confirm(
-            spec, work / "plan.json", baseline, args.nproc, args.confirm_rounds
+            spec, work / "plan.json", baseline, args.nproc, args.confirm_rounds, work / "confirm"
         )
     return row
 
@@ -132,7 +123,7 @@ def fmt_ratio(r: dict[str, float] | None) -> str:
 def print_table(rows: list[dict[str, Any]]) -> None:
     """The per-seed table and the summary: shipped, confirmed, false ships, prediction errors."""
     print(
-        "| seed | tables | predicted | in turns | error | A/B (97.5 %) | shipped | "
+        "| seed | tables | predicted | in turns | error | A/B (tune's interval) | shipped | "
         "confirmed, fresh job (95 %) | tune wall |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
