@@ -189,6 +189,10 @@ class Calibration:
             fitted calls, measured where profiles ran different numbers of such types
             (`analysis.type_overhead`; `dense_step_s` is then the residual without it); None
             where not measured.
+        lookup_rank_spread: the relative standard error of a rank's own predicted lookups,
+            measured within profiles (`analysis.rank_spread`): what the cost model adds to a
+            step for its slowest rank (`sparselift.spread`); None where not measured (fewer
+            than two ranks beyond one per profile).
         split_cost_profiles: the profiles whose steady steps timed a split model's own costs
             (`batch_transform` and `recombine` are then scaled to what those steps paid); []
             where the fits are the profiler's stand-alone timings only.
@@ -207,6 +211,7 @@ class Calibration:
     pipeline_pays: bool | None = None
     held_out: list[HeldOut] = field(default_factory=list)
     type_overhead_s: float | None = None
+    lookup_rank_spread: float | None = None
     split_cost_profiles: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -228,6 +233,8 @@ class Calibration:
             out["pipeline_overhead_s"] = self.pipeline_overhead_s
         if self.type_overhead_s is not None:
             out["type_overhead_s"] = self.type_overhead_s
+        if self.lookup_rank_spread is not None:
+            out["lookup_rank_spread"] = self.lookup_rank_spread
         if self.pipeline_profiles:
             out["pipeline_profiles"] = list(self.pipeline_profiles)
         if self.pipeline_pays is not None:
@@ -287,6 +294,7 @@ class Calibration:
             pipeline_pays=optional_bool(doc, "pipeline_pays", where),
             held_out=_held_out(doc.get("held_out"), where),
             type_overhead_s=type_overhead_s,
+            lookup_rank_spread=_share(doc, "lookup_rank_spread", where),
             split_cost_profiles=strings(doc, "split_cost_profiles", where),
         )
 
@@ -325,6 +333,17 @@ def read_checked(path: str | Path) -> dict[str, Any]:
     doc = read_versioned(path, FORMAT, VERSION, WHAT)
     Calibration.from_dict(doc, str(path))
     return doc
+
+
+MAX_SPREAD = 10.0  # a relative error beyond this is no measurement
+
+
+def _share(doc: Mapping[str, Any], key: str, where: str) -> float | None:
+    """`optional_number`, and UserError unless it is in 0..MAX_SPREAD."""
+    v = optional_number(doc, key, where)
+    if v is not None and not 0.0 <= v <= MAX_SPREAD:
+        raise UserError(f"{where}: {key} must be a share in 0..{MAX_SPREAD:g}, got {v:g}")
+    return v
 
 
 def _op_fit(kind: Any, op: Any, where: str) -> OpFit:

@@ -41,8 +41,14 @@ from sparselift.analysis.dense_backward import (
     with_dense_scale,
 )
 from sparselift.analysis.evidence import ProfileEvidence
+from sparselift.analysis.rank_spread import (
+    in_fitted_unit,
+    lookup_rank_spread,
+    lookups_by_rank,
+    rank_premium_s,
+)
 from sparselift.analysis.recombine_fit import RECOMBINE, fit_recombine
-from sparselift.analysis.samples import LOOKUPS, lookup_work_of
+from sparselift.analysis.samples import lookup_work_of, n_calls_of
 from sparselift.analysis.split_cost_fit import recombine_in_step, step_records, transform_in_step
 from sparselift.analysis.transform_fit import TRANSFORM, fit_transform
 from sparselift.analysis.type_overhead import (
@@ -61,7 +67,6 @@ from sparselift.calibration import (
     Calibration,
     OpFit,
     Provenance,
-    lookup_unit,
 )
 from sparselift.kernels import CPU_CALL_S, KERNEL_UNIT, LookupUnit
 
@@ -204,7 +209,7 @@ def fit_ops(
             scale = dense_scale(per_call(samples[dense]), line.a_s, line.b_s)
             samples = with_dense_scale(samples, scale)
         y = samples["y"]
-        predicted = line.a_s * _n_calls(samples) + line.b_s * samples["x"]
+        predicted = line.a_s * n_calls_of(samples) + line.b_s * samples["x"]
         spread = float(((y - y.mean()) ** 2).sum())
         r2 = float(1 - ((y - predicted) ** 2).sum() / spread) if spread > 0 else 1.0
         transfer = samples["transfer"].sum()
@@ -229,17 +234,10 @@ def fit_ops(
     return ops
 
 
-def _n_calls(calls: pd.DataFrame) -> pd.Series:
-    """The calls each sample adds up (1 where samples do not say)."""
-    if "n_calls" not in calls:
-        return pd.Series(1.0, index=calls.index)
-    return calls["n_calls"].fillna(1).clip(lower=1).astype(float)
-
-
 def per_call(calls: pd.DataFrame) -> pd.DataFrame:
     """`calls` with each sample's sizes and times as its mean call's (`n_calls`): a sample of
     one collection is itself."""
-    n = _n_calls(calls)
+    n = n_calls_of(calls)
     if (n == 1).all():
         return calls
     out = calls.copy()
@@ -298,16 +296,9 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu")
     Returns:
         Seconds, indexed by step.
     """
-    unit = lookup_unit(ops)
-    calls = with_rs_kinds(calls)
-    if unit != KERNEL_UNIT and device == "cpu":
-        look = calls["kind"].isin(LOOKUPS)
-        calls = calls.copy()
-        calls.loc[look, "x"] = lookup_work_of(calls[look], calls.loc[look, "kind"], device, unit)
-    bwd = ops.get("lookup_bwd")
-    calls = with_dense_scale(calls, bwd.dense_scale if bwd is not None else None)
+    calls = in_fitted_unit(with_rs_kinds(calls), ops, device)
     per = (
-        calls.assign(n_calls=_n_calls(calls))
+        calls.assign(n_calls=n_calls_of(calls))
         .groupby(["step", "kind", "rank"])
         .agg(x=("x", "sum"), n=("n_calls", "sum"))
         .reset_index()
@@ -319,32 +310,39 @@ def sparse_cost(calls: pd.DataFrame, ops: dict[str, OpFit], device: str = "cpu")
     return per.groupby(["step", "kind"])["cost"].max().groupby("step").sum()
 
 
-def sparse_at_target(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:
+def sparse_at_target(
+    ev: ProfileEvidence, ops: dict[str, OpFit], spread: float | None = None
+) -> float:
     """The profile's modelled sparse path at the step its calibration reproduces (`target_s`):
     at its fastest step, or over its quieter steps (median) when steady steps were timed; with
     its data-parallel tables' gradient all-reduce and optimizer pass as the optimizer prices
-    them (`dense_backward.tables_allreduce_s`, `tables_optimizer_s`)."""
+    them (`dense_backward.tables_allreduce_s`, `tables_optimizer_s`), and, at a rank spread
+    `spread`, how much later its slowest rank's lookups end on average
+    (`rank_spread.rank_premium_s`), as the optimizer prices a plan."""
     calls = with_rs_kinds(ev.calls)
     priced = [k for k in calls["kind"].unique() if fit_of(ops, k) is not None]
     calls = calls[calls["kind"].isin(priced)]
     sparse = sparse_cost(calls, ops, ev.device).reindex(ev.step_s.index).fillna(0.0)
     replicated = tables_allreduce_s(ev.manifest, ops) + tables_optimizer_s(ev.manifest, ops)
+    replicated += rank_premium_s(lookups_by_rank(ev.calls, ops, ev.device), spread)
     if ev.steady_step_s is None:
         return float(sparse.at[ev.step_s.idxmin()]) + replicated
     return float(sparse.loc[sorted(ev.calls["step"].unique())].median()) + replicated
 
 
-def dense_of(ev: ProfileEvidence, ops: dict[str, OpFit]) -> float:
-    """The profile's dense step under `ops`: the step it reproduces less the modelled sparse
-    path there (never negative)."""
-    return max(ev.target_s - sparse_at_target(ev, ops), 0.0)
+def dense_of(ev: ProfileEvidence, ops: dict[str, OpFit], spread: float | None = None) -> float:
+    """The profile's dense step under `ops` and the rank spread `spread`: the step it
+    reproduces less the modelled sparse path there (never negative)."""
+    return max(ev.target_s - sparse_at_target(ev, ops, spread), 0.0)
 
 
-def dense_fit(evidence: list[ProfileEvidence], ops: list[dict[str, OpFit]]) -> DenseFit:
+def dense_fit(
+    evidence: list[ProfileEvidence], ops: list[dict[str, OpFit]], spread: float | None = None
+) -> DenseFit:
     """The dense step and the per-type overhead (`type_overhead.fit_dense`) from each
-    profile's residual under its own fits (`ops[i]` prices `evidence[i]`)."""
+    profile's residual under its own fits (`ops[i]` prices `evidence[i]`) and `spread`."""
     return fit_dense(
-        [dense_of(ev, o) for ev, o in zip(evidence, ops, strict=True)],
+        [dense_of(ev, o, spread) for ev, o in zip(evidence, ops, strict=True)],
         [model_parallel_types(ev.manifest) for ev in evidence],
     )
 
@@ -393,7 +391,8 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
     rc = recombine_fit_of(evidence)
     if rc is not None:
         ops[RECOMBINE] = rc
-    dense = dense_fit(evidence, [ops] * len(evidence))
+    spread = lookup_rank_spread([lookups_by_rank(ev.calls, ops, ev.device) for ev in evidence])
+    dense = dense_fit(evidence, [ops] * len(evidence), spread)
     provenance = Provenance(
         profile=first.profile,
         created_unix=time.time(),
@@ -417,6 +416,7 @@ def fit_evidence(evidence: list[ProfileEvidence]) -> Calibration:
         dense_step_s=dense.dense_step_s,
         provenance=provenance,
         type_overhead_s=dense.type_overhead_s,
+        lookup_rank_spread=spread,
         split_cost_profiles=[ev.profile for ev in evidence if step_records([ev.manifest])]
         if tx is not None or rc is not None
         else [],

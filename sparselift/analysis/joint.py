@@ -108,7 +108,11 @@ def fit_profiles(evidence: list[ProfileEvidence]) -> Calibration:
         if q.b_s < 0.0 and not measured_faster(evidence):
             q = dataclasses.replace(q, b_s=0.0)  # a saving the steps did not show
         cal.ops[QCOMM] = q
-        dense = dense_fit(evidence, [dict(at_precision(cal.ops, ev.manifest)) for ev in evidence])
+        dense = dense_fit(
+            evidence,
+            [dict(at_precision(cal.ops, ev.manifest)) for ev in evidence],
+            cal.lookup_rank_spread,
+        )
         cal.dense_step_s, cal.type_overhead_s = dense.dense_step_s, dense.type_overhead_s
     return cal
 
@@ -129,7 +133,9 @@ def held_out(evidence: list[ProfileEvidence], i: int, level: float = 1.0) -> Hel
         if fit_of(ops, kind) is None and prior is not None:
             ops[kind] = prior
     dense = DenseFit(cal.dense_step_s or 0.0, cal.type_overhead_s)
-    predicted = dense.residual_at(model_parallel_types(ev.manifest)) + sparse_at_target(ev, ops)
+    predicted = dense.residual_at(model_parallel_types(ev.manifest)) + sparse_at_target(
+        ev, ops, cal.lookup_rank_spread
+    )
     return HeldOut(ev.profile, ev.target_s, predicted, level)
 
 
@@ -224,6 +230,11 @@ def check_lines(cal: Calibration) -> list[str]:
         lines.append(
             f"  left out {h.profile}: predicted {h.predicted_step_s * 1e3:.2f} ms, measured "
             f"{h.measured_step_s * 1e3:.2f} ms{in_job} ({h.error:+.1%})"
+        )
+    if cal.lookup_rank_spread is not None:
+        lines.append(
+            f"  a rank's own lookups stray {cal.lookup_rank_spread:.1%} from the fitted lines "
+            "(the cost model prices how much later the slowest rank ends)"
         )
     for kind in ("lookup_fwd", "lookup_bwd"):
         fit = cal.ops.get(kind)

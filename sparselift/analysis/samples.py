@@ -327,3 +327,10 @@ def with_plan_bytes(calls: pd.DataFrame, plan_bytes: pd.DataFrame) -> pd.DataFra
     dist = m["kind"].isin(DIST) & m["plan_x"].notna()
     m.loc[dist, "x"] = m.loc[dist, "plan_x"]
     return m.drop(columns="plan_x")
+
+
+def n_calls_of(calls: pd.DataFrame) -> pd.Series:
+    """The calls each sample adds up (`n_calls`; 1 where samples do not say)."""
+    if "n_calls" not in calls:
+        return pd.Series(1.0, index=calls.index)
+    return calls["n_calls"].fillna(1).clip(lower=1).astype(float)

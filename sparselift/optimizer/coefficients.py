@@ -119,6 +119,10 @@ class Coefficients:
     # a profile measured it (`qcomm_quantize`): priced as it is in both directions. None: the
     # wire model prices it (half the wire's bytes saved, `quantize_b_s` paid at both ends)
     qcomm_net_s: float | None = None
+    # the relative standard error of a rank's own predicted lookups (the calibration's
+    # `lookup_rank_spread`): a step is priced at its slowest rank's expected end
+    # (`sparselift.spread`); 0: each rank's prediction taken as exact
+    rank_spread: float = 0.0
 
     def replace(self, **kw: Any) -> Coefficients:
         """A copy with the fields in `kw` replaced; their evidence is left as it was (callers
@@ -174,6 +178,7 @@ COEFFICIENT_NAMES = (
     "recombine_b_s",
     "type_overhead_s",
     "crowd_factor",
+    "rank_spread",
 )
 # The batch transform's cost per split feature and per id routed, where no profile measured it:
 # a few vectorized torch ops per feature on the host (CPU), or on the device (CUDA: launches).
@@ -330,6 +335,8 @@ def coefficients(
         kw["dense_step_s"] = cal.dense_step_s
     if cal.type_overhead_s is not None:  # measured with the dense step (else the preset's 0)
         kw["type_overhead_s"] = cal.type_overhead_s
+    if cal.lookup_rank_spread is not None:  # the dense step was fitted net of it
+        kw["rank_spread"] = cal.lookup_rank_spread
     types = cal.provenance.manifest.get("sharding_types")
     profiled = tuple(str(t) for t in types) if isinstance(types, list) else ()
     crossing = [kw[k].b_s for k in DIST_KINDS if k in kw]

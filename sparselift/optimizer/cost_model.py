@@ -43,6 +43,12 @@ pooled block read; a split model also writes the whole pooled output once more,
 `recombine_fixed_s`), each at ASSUMED_TRANSFORM_MARGIN × its cost where no split plan's steps
 timed it (`coefficients`: then assumed).
 
+Each rank's lookups are predicted with an error (`Coefficients.rank_spread` of its own lookups,
+measured by the calibration): a plan balanced on the predictions is balanced on their errors too,
+so `evaluate` adds how much later than the largest prediction the slowest rank ends on average
+(`spread_s`, `sparselift.spread`). CP-SAT minimizes the makespan without it; the plans it finds
+are compared, with each other and with the baselines, at their evaluated step.
+
 Memory per rank: weights + row-wise Adagrad state (one float per row) + the whole-table gradient of
 the dense kernel / data-parallel + UVM cache in HBM (table in host memory) + the sparse-dist
 pipeline's extra batch of ids.
@@ -70,6 +76,7 @@ from sparselift.optimizer.counts import ClassCounts, Counts, class_counts
 from sparselift.optimizer.space import DP, RW, TWRW, Choice, OptionClass, PlanWide
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import Topology
+from sparselift.spread import premium_s
 
 PRECISION_FACTOR = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5}
 # a split model's own costs are priced at this × their stand-alone fit where no split plan's
@@ -289,7 +296,8 @@ class CostModel:
             phases["input_dist"] = (1.0 - coeffs.pipeline_overlap) * phases[
                 "input_dist"
             ] + coeffs.pipeline_overhead_s
-        step = coeffs.dense_step_s + sum(phases.values())
+        spread = self.spread_s(stats, choices, loads, plan_wide)
+        step = coeffs.dense_step_s + sum(phases.values()) + spread
         gpu = self.topo.device == "cuda"
         per_rank = []
         for q, load in enumerate(loads):
@@ -315,7 +323,30 @@ class CostModel:
             per_rank=per_rank,
             dense_step_s=coeffs.dense_step_s,
             plan_wide=plan_wide,
+            spread_s=spread,
         )
+
+    def spread_s(
+        self,
+        stats: Mapping[str, TableStats],
+        choices: Mapping[str, Choice],
+        loads: list[RankLoad],
+        plan_wide: PlanWide,
+    ) -> float:
+        """How much later than predicted the slowest rank's lookups end on average
+        (`sparselift.spread.premium_s`): each rank's own lookups (not those of tables every
+        rank holds: `located == "all"`, which err alike on every rank) err by
+        `Coefficients.rank_spread` of them. 0.0 at no spread."""
+        if self.coeffs.rank_spread <= 0:
+            return 0.0
+        shared = 0.0
+        for name, ch in choices.items():
+            terms = self.terms(stats[name], ch.cls, plan_wide)
+            if terms.located == "all":
+                shared += terms.own.lookup_fwd + terms.own.lookup_bwd
+        means = [ld.lookup_fwd + ld.lookup_bwd for ld in loads]
+        sigmas = [self.coeffs.rank_spread * max(0.0, m - shared) for m in means]
+        return premium_s(means, sigmas)
 
 
 def mean_rank_work_s(per_rank: list[RankCost]) -> float:

@@ -93,11 +93,13 @@ class PlanCost:
     """A plan's predicted step and what makes it up.
 
     Attributes:
-        step_time_s: dense step + Σ phases_s.
+        step_time_s: dense step + Σ phases_s + spread_s.
         phases_s: per phase, max over ranks with fixed costs (input_dist as left exposed).
         per_rank: every rank's cost.
         dense_step_s: the dense part of the step.
         plan_wide: the precision and pipeline it was priced with.
+        spread_s: of step_time_s, how much later than the largest prediction the slowest
+            rank's lookups end on average (`cost_model.CostModel.spread_s`).
     """
 
     step_time_s: float
@@ -105,6 +107,7 @@ class PlanCost:
     per_rank: list[RankCost]
     dense_step_s: float
     plan_wide: PlanWide = field(default_factory=PlanWide)
+    spread_s: float = 0.0
 
     def predicted(self) -> dict[str, Any]:
         """The plan file's `predicted` block."""
