@@ -10,8 +10,9 @@ TorchRec plan is confirmed only where `--confirm-kept` asks (it is TorchRec's pl
 itself).
 
 Printed per seed: tables, the first candidate's predicted gain and its gain in the profile's
-turns beside the baseline (so the prediction error on a plan never seen before), the A/B and
-its interval, what was shipped, the confirmation, and the wall time.
+turns beside the baseline (so the prediction error on a plan never seen before), the slowest
+rank's expected lateness that prediction includes (`sparselift.spread`) and its error without
+it, the A/B and its interval, what was shipped, the confirmation, and the wall time.
 
     .venv/bin/python benchmarks/bench_tune_corpus.py [--seeds 0 1 2 3 4 5] [--nproc 2]
         [--confirm-rounds 6] [--confirm-kept] [--work DIR] [--json out.json] [--quick]
@@ -61,16 +62,22 @@ def tune(spec: Path, work: Path, nproc: int, extra: list[str]) -> tuple[dict[str
 def first_candidate(result: dict[str, Any]) -> dict[str, float] | None:
     """The first plan tune tried after the baseline: its predicted gain (over the baseline as
     measured in the job it was predicted from), its gain measured in its own profile's turns
-    beside the baseline, and the prediction's error against its step at the speed of the job
-    it was predicted from (tune's `levelled_step_s`); None when no plan was tried."""
+    beside the baseline, the prediction's error against its step at the speed of the job it
+    was predicted from (tune's `levelled_step_s`), the slowest rank's expected lateness the
+    prediction includes (the plan's `predicted.spread_s`) and the error without it; None when
+    no plan was tried."""
     calibrated_on = result["iterations"][0]["measured_step_s"]
     for it in result["iterations"][1:]:
         if it["predicted_step_s"] and it["measured_step_s"] and it["baseline_step_s"]:
             levelled = it["levelled_step_s"] or it["measured_step_s"]
+            plan = json.loads(Path(it["plan"]).read_text())
+            lateness = (plan.get("predicted") or {}).get("spread_s") or 0.0
             return {
                 "predicted": calibrated_on / it["predicted_step_s"],
                 "in_turns": it["baseline_step_s"] / it["measured_step_s"],
                 "error": it["predicted_step_s"] / levelled - 1.0,
+                "lateness_s": lateness,
+                "error_unpriced": (it["predicted_step_s"] - lateness) / levelled - 1.0,
             }
     return None
 
@@ -123,28 +130,35 @@ def fmt_ratio(r: dict[str, float] | None) -> str:
 def print_table(rows: list[dict[str, Any]]) -> None:
     """The per-seed table and the summary: shipped, confirmed, false ships, prediction errors."""
     print(
-        "| seed | tables | predicted | in turns | error | A/B (tune's interval) | shipped | "
-        "confirmed, fresh job (95 %) | tune wall |"
+        "| seed | tables | predicted | in turns | error | lateness | error without | "
+        "A/B (tune's interval) | shipped | confirmed, fresh job (95 %) | tune wall |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         c = r["first_candidate"]
         pred = "no plan tried" if c is None else f"{c['predicted']:.3f}×"
         turns = "—" if c is None else f"{c['in_turns']:.3f}×"
         err = "—" if c is None else f"{100 * c['error']:+.1f} %"
+        late = "—" if c is None else f"{c['lateness_s'] * 1e3:.2f} ms"
+        unpriced = "—" if c is None else f"{100 * c['error_unpriced']:+.1f} %"
         print(
-            f"| {r['seed']} | {r['tables']} | {pred} | {turns} | {err} | {fmt_ratio(r['ab'])} "
-            f"| {r['shipped']} | {fmt_ratio(r['confirm'])} | {r['tune_wall_s'] / 60:.1f} min |"
+            f"| {r['seed']} | {r['tables']} | {pred} | {turns} | {err} | {late} | {unpriced} "
+            f"| {fmt_ratio(r['ab'])} | {r['shipped']} | {fmt_ratio(r['confirm'])} "
+            f"| {r['tune_wall_s'] / 60:.1f} min |"
         )
     shipped = [r for r in rows if r["shipped"] == "candidate"]
     false_ships = [r for r in shipped if r["confirm"] and r["confirm"]["ratio"] < 1.0]
     print(f"\nshipped {len(shipped)} of {len(rows)}; confirmed below 1: {len(false_ships)}")
-    errors = [r["first_candidate"]["error"] for r in rows if r["first_candidate"]]
-    if errors:
-        print(
-            f"first candidates' prediction error: median {100 * statistics.median(errors):+.1f} %,"
-            f" largest miss {100 * max(errors, key=abs):+.1f} %"
-        )
+    tried = [r["first_candidate"] for r in rows if r["first_candidate"]]
+    for key, what in (("error", ""), ("error_unpriced", " without the lateness")):
+        errors = [c[key] for c in tried]
+        if errors:
+            print(
+                f"first candidates' prediction error{what}: median "
+                f"{100 * statistics.median(errors):+.1f} %, largest miss "
+                f"{100 * max(errors, key=abs):+.1f} %, mean |error| "
+                f"{100 * statistics.mean(abs(e) for e in errors):.1f} %"
+            )
     over = [  # where the A/B measured the first candidate itself
         r["first_candidate"]["predicted"] / r["ab"]["ratio"]
         for r in rows

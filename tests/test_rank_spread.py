@@ -3,20 +3,24 @@ measures from each rank's lookups, and the premium the cost model adds to a bala
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from sparselift import plans
 from sparselift.analysis.rank_spread import lookup_rank_spread, lookups_by_rank, rank_premium_s
 from sparselift.calibration import UNITS, Calibration, OpFit
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.cost_model import CostModel
+from sparselift.optimizer.planio import fingerprints, plan_topology
 from sparselift.optimizer.space import DP, TW, Choice, OptionClass
 from sparselift.optimizer.table_stats import TableStats
 from sparselift.optimizer.topology import preset
+from sparselift.plans.render import show
 from sparselift.spread import expected_max, premium_s
 
 
@@ -123,3 +127,16 @@ def test_a_balanced_plan_pays_for_the_spread_and_an_unbalanced_one_hardly():
     # replicated tables are looked up alike on every rank: no spread
     replicated = {t.name: Choice(OptionClass(DP, "dense"), ()) for t in T}
     assert model.evaluate(by_name, replicated).spread_s == 0.0
+
+
+def test_a_plan_records_and_shows_the_lateness_in_its_predicted_step():
+    model = _model(0.1)
+    by_name = {t.name: t for t in T}
+    balanced = {t.name: Choice(OptionClass(TW, "fused"), (i % 2,)) for i, t in enumerate(T)}
+    cost = model.evaluate(by_name, balanced)
+    rr = plans.round_robin_table_wise(fingerprints(T), plan_topology(model.topo))
+    plan = plans.loads(plans.dumps(dataclasses.replace(rr, predicted=cost.predicted())))
+    assert cost.spread_s > 0 and plan.predicted is not None
+    assert plan.predicted["spread_s"] == pytest.approx(cost.spread_s, abs=1e-9)
+    late = f"of which {cost.spread_s * 1e3:.2f} ms the slowest rank's expected lateness"
+    assert late in show(plan)

@@ -13,6 +13,8 @@ Row-wise and table-row-wise output distributions (a reduce-scatter) are their ow
 modelled cost is taken out, so that predicting the profiled plan gives back that step time; where
 profiles ran different numbers of model-parallel sharding types, what each type adds to that
 residual is `type_overhead_s` (`type_overhead`), and `dense_step_s` the residual without it.
+The modelled sparse path includes how much later than predicted the slowest rank's lookups end
+on average, at the rank spread the profiles measure (`rank_spread`), as the optimizer prices it.
 
 A calibration is fitted from one profile or several of the same job (`fit_evidence`): each
 profile's samples are gathered first (`evidence.profile_evidence`), then every op kind is fitted
@@ -323,11 +325,11 @@ def sparse_at_target(
     priced = [k for k in calls["kind"].unique() if fit_of(ops, k) is not None]
     calls = calls[calls["kind"].isin(priced)]
     sparse = sparse_cost(calls, ops, ev.device).reindex(ev.step_s.index).fillna(0.0)
-    replicated = tables_allreduce_s(ev.manifest, ops) + tables_optimizer_s(ev.manifest, ops)
-    replicated += rank_premium_s(lookups_by_rank(ev.calls, ops, ev.device), spread)
+    beside = tables_allreduce_s(ev.manifest, ops) + tables_optimizer_s(ev.manifest, ops)
+    beside += rank_premium_s(lookups_by_rank(ev.calls, ops, ev.device), spread)
     if ev.steady_step_s is None:
-        return float(sparse.at[ev.step_s.idxmin()]) + replicated
-    return float(sparse.loc[sorted(ev.calls["step"].unique())].median()) + replicated
+        return float(sparse.at[ev.step_s.idxmin()]) + beside
+    return float(sparse.loc[sorted(ev.calls["step"].unique())].median()) + beside
 
 
 def dense_of(ev: ProfileEvidence, ops: dict[str, OpFit], spread: float | None = None) -> float:

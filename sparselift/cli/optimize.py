@@ -371,6 +371,14 @@ def _report(
             else "profiled plan"  # kept as it is: no TorchRec plan was cheaper
         )
         print(f"{which:24s} {tr * 1e3:11.3f} ms   → {tr / ours:.3f}× predicted speedup")
+    lateness = {"SparseLift": res.cost.spread_s}
+    if res.baseline_cost is not None:
+        lateness[which] = res.baseline_cost.spread_s
+    if any(lateness.values()):  # `cost_model.CostModel.spread_s`
+        print(
+            "of which the slowest rank's expected lateness at the measured rank spread: "
+            + ", ".join(f"{name} {x * 1e3:.2f} ms" for name, x in lateness.items())
+        )
     print(
         f"solver: {s['status']}, {res.solution.mode}, objective {s['objective'] * 1e3:.3f} ms, "
         f"bound {s['bound'] * 1e3:.3f} ms, gap {s['gap'] * 100:.2f}%, "

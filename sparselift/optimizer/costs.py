@@ -113,6 +113,7 @@ class PlanCost:
         """The plan file's `predicted` block."""
         return {
             "step_time_s": self.step_time_s,
+            "spread_s": self.spread_s,
             "per_rank": [
                 {
                     "rank": r.rank,

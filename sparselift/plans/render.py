@@ -151,7 +151,13 @@ def show(plan: Plan) -> str:
         lines.append(line)
     step = (plan.predicted or {}).get("step_time_s")
     if step is not None:
-        lines.append(f"  predicted step time {step * 1e3:.2f} ms")
+        spread = (plan.predicted or {}).get("spread_s")
+        late = (
+            f" (of which {spread * 1e3:.2f} ms the slowest rank's expected lateness)"
+            if isinstance(spread, (int, float)) and spread > 0
+            else ""
+        )
+        lines.append(f"  predicted step time {step * 1e3:.2f} ms{late}")
     lines += statistics_lines(plan)
     lines += evidence_lines(plan)
     return "\n".join(lines)
