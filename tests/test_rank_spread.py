@@ -5,20 +5,28 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from sparselift import plans
+from sparselift.analysis.evidence import ProfileEvidence
+from sparselift.analysis.fit import dense_fit, fit_evidence
+from sparselift.analysis.joint import fit_jointly
+from sparselift.analysis.pipeline import analyze
 from sparselift.analysis.rank_spread import lookup_rank_spread, lookups_by_rank, rank_premium_s
+from sparselift.analysis.samples import SAMPLE_COLUMNS
 from sparselift.calibration import UNITS, Calibration, OpFit
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.planio import fingerprints, plan_topology
+from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.space import DP, TW, Choice, OptionClass
-from sparselift.optimizer.table_stats import TableStats
+from sparselift.optimizer.table_stats import TableStats, stats_from_profile
 from sparselift.optimizer.topology import preset
 from sparselift.plans.render import show
 from sparselift.spread import expected_max, premium_s
@@ -140,3 +148,43 @@ def test_a_plan_records_and_shows_the_lateness_in_its_predicted_step():
     assert plan.predicted["spread_s"] == pytest.approx(cost.spread_s, abs=1e-9)
     late = f"of which {cost.spread_s * 1e3:.2f} ms the slowest rank's expected lateness"
     assert late in show(plan)
+
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def _evidence(name: str, per_rank_scale: list[float]) -> ProfileEvidence:
+    """A 2-rank profile of `_calls`, its steps the slower rank's lookups plus 10 ms."""
+    calls = _calls(per_rank_scale)
+    calls = calls.assign(
+        wait=0.0, transfer=0.0, calls=1, n_calls=1, ids=calls["x"], unique=0.0, bag_elems=0.0
+    )[SAMPLE_COLUMNS]
+    step_s = pd.Series(0.01 + 2e-3 * max(per_rank_scale), index=range(4))
+    manifest = {"world_size": 2, "device": "cpu", "backend": "gloo", "batch_size": 64}
+    return ProfileEvidence(name, manifest, "cpu", 2, calls, step_s, pd.DataFrame(), 0.012)
+
+
+def test_the_dense_step_is_fitted_net_of_each_profiles_own_premium():
+    evidence = [_evidence("a", [1.1, 0.9]), _evidence("b", [0.9, 1.1])]
+    cal = fit_evidence(evidence)
+    assert cal.lookup_rank_spread == pytest.approx(math.log(1.1 / 0.9) / 2 * math.sqrt(2), rel=0.01)
+    ops = dict(cal.ops)
+    premium = rank_premium_s(lookups_by_rank(evidence[0].calls, ops, "cpu"), cal.lookup_rank_spread)
+    assert premium > 1e-5  # the fitted line predicts the two ranks alike
+    unpriced = dense_fit(evidence, [ops] * 2).dense_step_s
+    assert cal.dense_step_s == pytest.approx(unpriced - premium, rel=1e-9)
+
+
+def test_real_profiles_of_one_plan_measure_the_spread_the_optimizer_prices(tmp_path):
+    tw = FIX / "profile_tiny_table_wise"
+    again = tmp_path / "tw-again"  # the same plan profiled twice: 2 degrees of freedom
+    shutil.copytree(tw, again)
+    cal = fit_jointly([analyze(tw, cache=False), analyze(again, cache=False)]).calibration
+    assert cal.lookup_rank_spread is not None and 0 < cal.lookup_rank_spread < 1
+    stats, batch = stats_from_profile(tw)
+    topo = preset("cpu-gloo", 2, 2)
+    profiled = predict_plan(plans.load(FIX / "tiny_table_wise.plan.json"), stats, cal, topo, batch)
+    # the profiled plan leaves one rank far ahead: it hardly pays for the spread
+    assert profiled.spread_s < 1e-3 * profiled.step_time_s
+    coeffs = coefficients(topo, cal)
+    assert coeffs.rank_spread == cal.lookup_rank_spread and coeffs.measured("rank_spread")
