@@ -56,25 +56,18 @@ def lookups_by_rank(calls: pd.DataFrame, ops: Mapping[str, OpFit], device: str) 
     cols = ["measured_s", "predicted_s", "shared_s"]
     if look.empty:
         return pd.DataFrame(columns=cols, dtype=float)
-    look = in_fitted_unit(look, ops, device)
-    a = look["kind"].map(lambda k: ops[k].a_s + ops[k].sync_s)
-    b = look["kind"].map(lambda k: ops[k].b_s)
-    cost = (a * n_calls_of(look) + b * look["x"]).clip(lower=0.0)
     shared = look["group"].isin(SHARED_GROUPS) if "group" in look else False
-    per_step = (
-        pd.DataFrame(
-            {
-                "step": look["step"],
-                "rank": look["rank"],
-                "measured_s": look["y"],
-                "predicted_s": cost,
-                "shared_s": cost.where(shared, 0.0),
-            }
-        )
-        .groupby(["rank", "step"])[cols]
-        .sum()
+    look = in_fitted_unit(look, ops, device).assign(n=n_calls_of(look), shared=shared)
+    per = (
+        look.groupby(["rank", "step", "kind", "shared"])
+        .agg(x=("x", "sum"), n=("n", "sum"), measured_s=("y", "sum"))
+        .reset_index()
     )
-    return per_step.groupby(level="rank")[cols].median()
+    per["predicted_s"] = [
+        ops[k].cost(x, n) for k, x, n in zip(per["kind"], per["x"], per["n"], strict=True)
+    ]
+    per["shared_s"] = per["predicted_s"].where(per["shared"], 0.0)
+    return per.groupby(["rank", "step"])[cols].sum().groupby(level="rank")[cols].median()
 
 
 def lookup_rank_spread(per_profile: Sequence[pd.DataFrame]) -> float | None:

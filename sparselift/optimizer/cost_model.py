@@ -283,7 +283,8 @@ class CostModel:
             KeyError: a table of `choices` has no statistics.
         """
         plan_wide = plan_wide or PlanWide()
-        loads = self.rank_loads(stats, choices, plan_wide)
+        placed = [(ch, self.terms(stats[n], ch.cls, plan_wide)) for n, ch in choices.items()]
+        loads = sum_rank_loads(self.topo, placed)
         fixed = self.fixed_call_costs(group_of(stats[n], ch.cls) for n, ch in choices.items())
         coeffs = self.coeffs
         phases = {
@@ -296,7 +297,7 @@ class CostModel:
             phases["input_dist"] = (1.0 - coeffs.pipeline_overlap) * phases[
                 "input_dist"
             ] + coeffs.pipeline_overhead_s
-        spread = self.spread_s(stats, choices, loads, plan_wide)
+        spread = self.spread_s(placed, loads)
         step = coeffs.dense_step_s + sum(phases.values()) + spread
         gpu = self.topo.device == "cuda"
         per_rank = []
@@ -326,24 +327,19 @@ class CostModel:
             spread_s=spread,
         )
 
-    def spread_s(
-        self,
-        stats: Mapping[str, TableStats],
-        choices: Mapping[str, Choice],
-        loads: list[RankLoad],
-        plan_wide: PlanWide,
-    ) -> float:
+    def spread_s(self, placed: list[tuple[Choice, Terms]], loads: list[RankLoad]) -> float:
         """How much later than predicted the slowest rank's lookups end on average
         (`sparselift.spread.premium_s`): each rank's own lookups (not those of tables every
         rank holds: `located == "all"`, which err alike on every rank) err by
-        `Coefficients.rank_spread` of them. 0.0 at no spread."""
+        `Coefficients.rank_spread` of them. 0.0 at no spread.
+
+        Args:
+            placed: (choice, its terms) per table, as `loads` was summed from.
+            loads: every rank's load (`sum_rank_loads`).
+        """
         if self.coeffs.rank_spread <= 0:
             return 0.0
-        shared = 0.0
-        for name, ch in choices.items():
-            terms = self.terms(stats[name], ch.cls, plan_wide)
-            if terms.located == "all":
-                shared += terms.own.lookup_fwd + terms.own.lookup_bwd
+        shared = sum(t.own.lookup_fwd + t.own.lookup_bwd for _, t in placed if t.located == "all")
         means = [ld.lookup_fwd + ld.lookup_bwd for ld in loads]
         sigmas = [self.coeffs.rank_spread * max(0.0, m - shared) for m in means]
         return premium_s(means, sigmas)
