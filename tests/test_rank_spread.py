@@ -14,11 +14,12 @@ import pytest
 
 from sparselift import plans
 from sparselift.analysis.evidence import ProfileEvidence
-from sparselift.analysis.fit import dense_fit, fit_evidence
+from sparselift.analysis.fit import fit_evidence
 from sparselift.analysis.joint import fit_jointly
 from sparselift.analysis.pipeline import analyze
 from sparselift.analysis.rank_spread import lookup_rank_spread, lookups_by_rank, rank_premium_s
 from sparselift.analysis.samples import SAMPLE_COLUMNS
+from sparselift.analysis.step_model import dense_fit
 from sparselift.calibration import UNITS, Calibration, OpFit
 from sparselift.errors import UserError
 from sparselift.optimizer.coefficients import coefficients

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sparselift.analysis.fit import sparse_at_target
 from sparselift.analysis.joint import fit_jointly
 from sparselift.analysis.pipeline import analyze
+from sparselift.analysis.step_model import sparse_at_target
 from sparselift.calibration import A2A_KIND, RS_KIND, Calibration
 from sparselift.cli import main
 from sparselift.optimizer.coefficients import ASSUMED, Linear, coefficients, load_calibration

@@ -19,15 +19,7 @@ from collections.abc import Sequence
 
 from sparselift.analysis.compare import check_same_job, job_models
 from sparselift.analysis.evidence import ProfileEvidence
-from sparselift.analysis.fit import (
-    dense_fit,
-    fit_evidence,
-    fit_of,
-    recombine_fit_of,
-    sparse_at_target,
-    transform_fit_of,
-    with_rs_kinds,
-)
+from sparselift.analysis.fit import fit_evidence, recombine_fit_of, transform_fit_of
 from sparselift.analysis.job_levels import JobLevel, job_levels, level_of, levelled
 from sparselift.analysis.pipeline import Analysis
 from sparselift.analysis.pipeline_overlap import (
@@ -45,6 +37,7 @@ from sparselift.analysis.precision_fit import (
     steps_net,
 )
 from sparselift.analysis.recombine_fit import RECOMBINE
+from sparselift.analysis.step_model import dense_fit, fit_of, sparse_at_target, with_rs_kinds
 from sparselift.analysis.transform_fit import TRANSFORM
 from sparselift.analysis.type_overhead import DenseFit, model_parallel_types
 from sparselift.calibration import A2A_KIND, UNITS, Calibration, HeldOut, OpFit
@@ -122,8 +115,8 @@ def held_out(evidence: list[ProfileEvidence], i: int, level: float = 1.0) -> Hel
     `level`: its job's (`evidence` is levelled already), recorded with it.
 
     Op kinds the others do not have are priced by `prior_fit` (or not at all off CPU); a
-    reduce-scatter output kind by the others' all-to-all fit where they have one (`fit.fit_of`),
-    as the optimizer prices it.
+    reduce-scatter output kind by the others' all-to-all fit where they have one
+    (`step_model.fit_of`), as the optimizer prices it.
     """
     ev = evidence[i]
     cal = fit_profiles(evidence[:i] + evidence[i + 1 :])

@@ -8,7 +8,7 @@ hardware, so it is measured: a profile whose output distribution ran at 16 bits 
 per-byte costs is the net cost of one element at 16 bits (`qcomm_quantize`, x = "element": the
 quantize and dequantize work less the wire time saved; negative where 16 bits pay). The
 optimizer's cost model turns it back into its quantize cost (`optimizer.coefficients`).
-Row-wise tables' reduce-scatter (`fit.with_rs_kinds`) runs through the same codecs: its 16-bit
+Row-wise tables' reduce-scatter (`with_rs_kinds`) runs through the same codecs: its 16-bit
 calls are set apart likewise, compared with the reduce-scatter's own fp32 fit, and count towards
 the one net figure per element (the cost model applies it to every output collective).
 The calls are timed in the profiled window, where one profile's collectives differ from
@@ -31,7 +31,8 @@ import pandas as pd
 
 from sparselift.analysis.compare import compare_profiles, job_models, spanning
 from sparselift.analysis.evidence import ProfileEvidence
-from sparselift.analysis.fit import fit_ops, with_rs_kinds
+from sparselift.analysis.fit import fit_ops
+from sparselift.analysis.step_model import with_rs_kinds
 from sparselift.calibration import RS_KIND, OpFit
 from sparselift.errors import UserError
 from sparselift.kernels import FLOAT_BYTES
@@ -59,7 +60,7 @@ def split_by_precision(
 ) -> tuple[list[ProfileEvidence], pd.DataFrame]:
     """The evidence the fp32 fit takes, and the 16-bit output-distribution calls set apart.
 
-    Reduce-scatter output distributions are their own kinds (`fit.with_rs_kinds`) here already,
+    Reduce-scatter output distributions are their own kinds (`with_rs_kinds`) here already,
     in the evidence returned too. A 16-bit kind is set apart only where some profile ran that
     kind at fp32 (else there is no fp32 line to compare with, and its calls are all the evidence
     the kind has).

@@ -6,7 +6,8 @@ rejects it, it sets tables back to TorchRec's option one at a time (`_set_back`)
 one that brings the plan closest to what both accept, and keeps TorchRec's plan where no mix of
 the two is accepted. Each candidate is priced from per-rank load arrays in O(ranks), so a step
 tries every table at once; the result is a function of the inputs (fixed orders, the first of
-equals).
+equals). A 16-bit comm precision that no profile of the hardware measured is taken only where both
+models rate it faster than fp32 (`torchrec_agrees`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -312,4 +314,48 @@ def verdicts_alone(
     return (
         f"the plan (no TorchRec plan to compare with): SparseLift's model {sl * 1e3:.3f} ms; "
         f"TorchRec's estimator {tr * 1e3:.3f} ms"
+    )
+
+
+def torchrec_agrees(
+    inp: Any,
+    model: CostModel,
+    choices: Mapping[str, Choice],
+    wide: PlanWide,
+    pipeline: str,
+    book: PriceBook | None = None,
+    tables: Mapping[str, TableStats] | None = None,
+) -> tuple[bool, str]:
+    """Whether both SparseLift's model and TorchRec's estimator rate `choices` faster at the
+    16-bit precision `wide` than at fp32 (same shards, same pipeline), and a line with both
+    verdicts. A plan TorchRec's estimator cannot rate counts as not accepted.
+
+    Args:
+        inp: the `optimize.Inputs` (tables, topology, batch size).
+        model: SparseLift's cost model.
+        choices: the plan solved at `wide`.
+        wide: the 16-bit precision.
+        pipeline: the plan's pipeline.
+        book: TorchRec's prices of these inputs (made here when None).
+        tables: the tables `choices` runs by name (split parts too); default the inputs'.
+            TorchRec's estimator cannot rate split parts: such a plan is not accepted.
+    """
+    half = PlanWide(wide.forward, wide.backward, pipeline)
+    full = PlanWide("fp32", "fp32", pipeline)
+    by_name = tables if tables is not None else {s.name: s for s in inp.stats}
+    ours = [model.evaluate(by_name, choices, w).step_time_s * 1e3 for w in (half, full)]
+    label = f"{wide.forward}/{wide.backward}"
+    verdict = f"SparseLift's model {ours[0]:.3f} vs {ours[1]:.3f} ms"
+    book = book or PriceBook(inp.stats, inp.topo, inp.batch_size)
+    try:
+        r16, r32 = (book.at(w).rate_s(choices) * 1e3 for w in (half, full))
+    except Exception as e:  # any failure of TorchRec's estimator counts as "no"
+        theirs, agreed = f"TorchRec's estimator could not rate it ({e})", False
+    else:
+        theirs = f"TorchRec's estimator {r16:.3f} vs {r32:.3f} ms"
+        agreed = ours[0] < ours[1] and r16 < r32
+    chosen = label if agreed else f"fp32 rather than {label}"
+    return agreed, (
+        f"comm precision {chosen} (no profile of this hardware; {label} vs fp32): "
+        f"{verdict}; {theirs}"
     )

@@ -18,7 +18,13 @@ from typing import Any
 
 from sparselift import plans
 from sparselift.errors import UserError
-from sparselift.optimizer.agreement import Agreement, Verdicts, both_accept, verdicts_alone
+from sparselift.optimizer.agreement import (
+    Agreement,
+    Verdicts,
+    both_accept,
+    torchrec_agrees,
+    verdicts_alone,
+)
 from sparselift.optimizer.choose import CheapestBaseline, PendingBaselines, choose_precision
 from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import CostModel
@@ -33,7 +39,6 @@ from sparselift.optimizer.robust import (
     pipeline_measured,
     pipeline_pays,
     solve_without_dominated,
-    torchrec_agrees,
 )
 from sparselift.optimizer.space import Choice, OptionClass, PlanWide
 from sparselift.optimizer.split_options import (

@@ -57,7 +57,6 @@ from sparselift.optimizer.space import (
 )
 from sparselift.optimizer.split_options import SplitOption
 from sparselift.optimizer.table_stats import TableStats
-from sparselift.optimizer.whatif import PriceBook
 
 RISK_TOLERANCE = 0.005  # share of the step all risky choices' penalties may add up to
 
@@ -328,7 +327,7 @@ def gate_precision(model: CostModel, wanted: PlanWide) -> tuple[PlanWide, list[s
 
     16-bit stays where its pay-off was measured (`precision_measured`). With a profile of this
     hardware that did not measure it, fp32. Planning for unprofiled hardware (no coefficient
-    measured), it stays pending TorchRec's verdict (`torchrec_agrees`, after the solve).
+    measured), it stays pending TorchRec's verdict (`agreement.torchrec_agrees`, after the solve).
 
     Returns:
         (precision to solve at, lines saying why, whether TorchRec's estimator must be consulted).
@@ -345,50 +344,6 @@ def gate_precision(model: CostModel, wanted: PlanWide) -> tuple[PlanWide, list[s
         )
         return PlanWide(), [line], False
     return wanted, [], True
-
-
-def torchrec_agrees(
-    inp: Any,
-    model: CostModel,
-    choices: Mapping[str, Choice],
-    wide: PlanWide,
-    pipeline: str,
-    book: PriceBook | None = None,
-    tables: Mapping[str, TableStats] | None = None,
-) -> tuple[bool, str]:
-    """Whether both SparseLift's model and TorchRec's estimator rate `choices` faster at the
-    16-bit precision `wide` than at fp32 (same shards, same pipeline), and a line with both
-    verdicts. A plan TorchRec's estimator cannot rate counts as not accepted.
-
-    Args:
-        inp: the `optimize.Inputs` (tables, topology, batch size).
-        model: SparseLift's cost model.
-        choices: the plan solved at `wide`.
-        wide: the 16-bit precision.
-        pipeline: the plan's pipeline.
-        book: TorchRec's prices of these inputs (made here when None).
-        tables: the tables `choices` runs by name (split parts too); default the inputs'.
-            TorchRec's estimator cannot rate split parts: such a plan is not accepted.
-    """
-    half = PlanWide(wide.forward, wide.backward, pipeline)
-    full = PlanWide("fp32", "fp32", pipeline)
-    by_name = tables if tables is not None else {s.name: s for s in inp.stats}
-    ours = [model.evaluate(by_name, choices, w).step_time_s * 1e3 for w in (half, full)]
-    label = f"{wide.forward}/{wide.backward}"
-    verdict = f"SparseLift's model {ours[0]:.3f} vs {ours[1]:.3f} ms"
-    book = book or PriceBook(inp.stats, inp.topo, inp.batch_size)
-    try:
-        r16, r32 = (book.at(w).rate_s(choices) * 1e3 for w in (half, full))
-    except Exception as e:  # any failure of TorchRec's estimator counts as "no"
-        theirs, agreed = f"TorchRec's estimator could not rate it ({e})", False
-    else:
-        theirs = f"TorchRec's estimator {r16:.3f} vs {r32:.3f} ms"
-        agreed = ours[0] < ours[1] and r16 < r32
-    chosen = label if agreed else f"fp32 rather than {label}"
-    return agreed, (
-        f"comm precision {chosen} (no profile of this hardware; {label} vs fp32): "
-        f"{verdict}; {theirs}"
-    )
 
 
 def margin_for_splits(
