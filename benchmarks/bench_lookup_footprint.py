@@ -29,11 +29,16 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 
 IDS, BAGS = 100_000, 2048
 REF_BYTES = 8 * 2**20
-SIZES = {16: (40_000, 1_000_000, 4_000_000), 64: (40_000, 200_000, 1_000_000, 4_000_000)}
-SIZES[128] = (40_000, 1_000_000)
+SIZES = {  # dim: table rows
+    16: (40_000, 1_000_000, 4_000_000),
+    64: (40_000, 200_000, 1_000_000, 4_000_000),
+    128: (40_000, 1_000_000),
+}
 
 
-def time_calls(rows: int, dim: int, unique: int, calls: int, rng: np.random.Generator):
+def time_calls(
+    rows: int, dim: int, unique: int, calls: int, rng: np.random.Generator
+) -> tuple[float, float]:
     """Median forward and backward seconds of `calls` lookups in a `rows` × `dim` table."""
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
