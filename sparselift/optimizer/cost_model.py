@@ -260,10 +260,17 @@ class CostModel:
     ) -> list[RankLoad]:
         """Every rank's load (phase seconds without fixed costs, memory bytes) under `choices`
         at the collective precision of `plan_wide` (default fp32)."""
-        return sum_rank_loads(
-            self.topo,
-            ((ch, self.terms(stats[name], ch.cls, plan_wide)) for name, ch in choices.items()),
-        )
+        return sum_rank_loads(self.topo, self.placed(stats, choices, plan_wide))
+
+    def placed(
+        self,
+        stats: Mapping[str, TableStats],
+        choices: Mapping[str, Choice],
+        plan_wide: PlanWide | None = None,
+    ) -> list[tuple[Choice, Terms]]:
+        """Each table's choice with its terms at the precision of `plan_wide`, in `choices`'
+        order: what `sum_rank_loads` adds up."""
+        return [(ch, self.terms(stats[name], ch.cls, plan_wide)) for name, ch in choices.items()]
 
     def evaluate(
         self,
@@ -283,7 +290,7 @@ class CostModel:
             KeyError: a table of `choices` has no statistics.
         """
         plan_wide = plan_wide or PlanWide()
-        placed = [(ch, self.terms(stats[n], ch.cls, plan_wide)) for n, ch in choices.items()]
+        placed = self.placed(stats, choices, plan_wide)
         loads = sum_rank_loads(self.topo, placed)
         fixed = self.fixed_call_costs(group_of(stats[n], ch.cls) for n, ch in choices.items())
         coeffs = self.coeffs
