@@ -26,7 +26,8 @@ from plan_set import neighbours
 
 from sparselift import plans
 from sparselift.bench import Contender, run_bench
-from sparselift.optimizer.coefficients import coefficients, load_calibration
+from sparselift.calibration import read_checked
+from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.planio import choices_from_plan
 from sparselift.optimizer.table_stats import stats_from_profile
@@ -55,7 +56,7 @@ def main() -> None:
         )
         plan = plans.load(ours)
         stats, batch = stats_from_profile(prof)
-        cal = load_calibration(prof / "calibration.json")
+        cal = read_checked(prof / "calibration.json")
         topo = profiled_topology(cal, str(prof))
         model = CostModel(topo, batch, coefficients(topo, cal))
         by = {s.name: s for s in stats}

@@ -68,7 +68,8 @@ from plan_set import neighbours
 
 from sparselift import plans
 from sparselift.analysis.compare import ratio_interval, steady_steps
-from sparselift.optimizer.coefficients import coefficients, load_calibration
+from sparselift.calibration import read_checked
+from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
@@ -203,7 +204,7 @@ def analyzed(dirs: list[Path]) -> Calibrated:
     """`analyze` the calibration set's profiles together; the outcome, read back."""
     sh("analyze", *map(str, dirs), log=sys.stderr)
     base = dirs[0]
-    cal = load_calibration(base / "calibration.json")
+    cal = read_checked(base / "calibration.json")
     stats, batch = stats_from_profile(base)
     topo = profiled_topology(cal, str(base))
     return Calibrated(base, cal, stats, batch, topo, read_hot_ids(base))

@@ -1,7 +1,8 @@
 """calibration.json: the fitted cost coefficients the analysis writes and the optimizer reads.
 
 This module owns the file: its format name and version, the dataclasses it holds (`Calibration`,
-one `OpFit` per op kind, `Provenance`) and the checks made when it is read. The analysis builds a
+and from `sparselift.calibration_parts` one `OpFit` per op kind, `Provenance`, `HeldOut`) and
+the checks made when it is read. The analysis builds a
 `Calibration` (`sparselift.analysis.fit.fit_evidence`) and saves it; the optimizer loads it and lays
 its fits over a topology preset (`sparselift.optimizer.coefficients.coefficients`). The fields'
 meaning and units are in docs/CONTRACTS.md.
@@ -15,17 +16,22 @@ and the field.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparselift.atomic import json_bytes, write_bytes
+from sparselift.calibration_parts import (
+    HeldOut,
+    OpFit,
+    Provenance,
+    read_held_out,
+    read_op_fit,
+    read_provenance,
+)
 from sparselift.errors import UserError
 from sparselift.jsonfile import (
-    MAX_SECONDS,
-    is_number,
     optional,
     optional_bool,
     optional_number,
@@ -68,98 +74,6 @@ RECOMBINE_UNIT = "elements"
 # the trainer's dense optimizer pass over data-parallel tables' weights (x = their elements):
 # an op kind only calibrations of profiles with different data-parallel tables have
 DENSE_OPTIMIZER, DENSE_OPTIMIZER_UNIT = "dense_optimizer", "elements"
-
-
-@dataclass
-class OpFit:
-    """One op kind's fit: duration_s ≈ (a_s + sync_s) · calls + b_s · x, exposed main-thread time.
-
-    Attributes:
-        x: unit of x (`UNITS`); "" when a hand-written file does not say.
-        a_s: fixed cost per call (one sharding-type group's TBE kernel, or its distribution;
-            `batch_transform`: per split feature).
-        b_s: seconds per unit of x.
-        r2: coefficient of determination of the fit over its samples.
-        n: calls fitted on.
-        overlap: share of the collectives' transfer hidden behind other work (informative: a_s and
-            b_s already fit exposed time); None when not measured.
-        calls: calls per rank and step in the profile (sharding-type groups).
-        sync_s: distributions: the step's expected wait per call for ranks arriving at random.
-        unique_weight, bag_weight: CPU lookups: the work unit's κ and μ (`kernels.LookupUnit`)
-            where the calibration refitted them; None: the kernel benchmark's.
-        dense_scale: lookup_bwd: the data-parallel tables' backward (the dense TBE's, without a
-            fused optimizer) per unit of work, as a multiple of b_s; None where no profile ran
-            data-parallel tables.
-    """
-
-    x: str
-    a_s: float
-    b_s: float
-    r2: float
-    n: int
-    overlap: float | None = None
-    calls: float = 1.0
-    sync_s: float = 0.0
-    unique_weight: float | None = None
-    bag_weight: float | None = None
-    dense_scale: float | None = None
-
-    def cost(self, x: float, calls: float = 1.0) -> float:
-        """Exposed seconds of `calls` calls that handle `x` units in all, never negative."""
-        return max(0.0, (self.a_s + self.sync_s) * calls + self.b_s * x)
-
-
-@dataclass
-class Provenance:
-    """Where a calibration comes from (informative, except `manifest`, which `optimize` reads for
-    the profiled hardware: world_size, local_world_size, device, gpu).
-
-    Attributes:
-        profile: the profile directory analyzed.
-        created_unix: when the calibration was made (seconds since the epoch).
-        manifest: the profile manifest's fields that describe the run.
-        samples: per-call samples the fits used.
-        step_time_s_median: median measured step time (slowest rank), seconds.
-        step_time_s_min: fastest measured step time (slowest rank), seconds.
-        profiles: every profile fitted together, when there were several ([] for one).
-        steady_step_s_median: median step timed after the profiled window (slowest rank), the
-            step the calibration reproduces; None when not timed.
-        profiler_inflation: the window's median step ÷ that steady step; None when not timed.
-    """
-
-    profile: str | None = None
-    created_unix: float | None = None
-    manifest: dict[str, Any] = field(default_factory=dict)
-    samples: int | None = None
-    step_time_s_median: float | None = None
-    step_time_s_min: float | None = None
-    profiles: list[str] = field(default_factory=list)
-    steady_step_s_median: float | None = None
-    profiler_inflation: float | None = None
-
-
-@dataclass
-class HeldOut:
-    """One profile's leave-one-out check: its step predicted by the fit on the other profiles.
-
-    Attributes:
-        profile: the profile left out.
-        measured_step_s: the step a calibration on it reproduces (its steady step where timed,
-            else its fastest profiled step; slowest rank), at the speed of the first profile's
-            job (`analysis.job_levels`): as measured ÷ `level`.
-        predicted_step_s: that step under the calibration fitted without it.
-        level: its job's steps ÷ the first profile's job's (1.0: the same job, or not linked).
-    """
-
-    profile: str
-    measured_step_s: float
-    predicted_step_s: float
-    level: float = 1.0
-
-    @property
-    def error(self) -> float:
-        """(predicted − measured) ÷ measured."""
-        return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
 
 
 @dataclass
@@ -285,14 +199,14 @@ class Calibration:
             backend=optional(doc, "backend", str, where),
             world_size=optional(doc, "world_size", int, where),
             batch_size=optional(doc, "batch_size", int, where),
-            ops={str(kind): _op_fit(kind, op, where) for kind, op in ops.items()},
+            ops={str(kind): read_op_fit(kind, op, where) for kind, op in ops.items()},
             dense_step_s=dense_step_s,
-            provenance=_provenance(prov or {}, where),
+            provenance=read_provenance(prov or {}, where),
             pipeline_overlap=optional_number(doc, "pipeline_overlap", where),
             pipeline_overhead_s=optional_number(doc, "pipeline_overhead_s", where),
             pipeline_profiles=strings(doc, "pipeline_profiles", where),
             pipeline_pays=optional_bool(doc, "pipeline_pays", where),
-            held_out=_held_out(doc.get("held_out"), where),
+            held_out=read_held_out(doc.get("held_out"), where),
             type_overhead_s=type_overhead_s,
             lookup_rank_spread=_share(doc, "lookup_rank_spread", where),
             split_cost_profiles=strings(doc, "split_cost_profiles", where),
@@ -344,80 +258,3 @@ def _share(doc: Mapping[str, Any], key: str, where: str) -> float | None:
     if v is not None and not 0.0 <= v <= MAX_SPREAD:
         raise UserError(f"{where}: {key} must be a share in 0..{MAX_SPREAD:g}, got {v:g}")
     return v
-
-
-def _op_fit(kind: Any, op: Any, where: str) -> OpFit:
-    """One entry of `ops`, checked: numeric a_s and b_s, and the optional fields' types."""
-    if not isinstance(op, Mapping) or not all(is_number(op.get(k)) for k in ("a_s", "b_s")):
-        raise UserError(f"{where}: op {kind!r} needs numeric a_s and b_s")
-    bad = next((k for k in ("a_s", "b_s") if not abs(op[k]) <= MAX_SECONDS), None)
-    if bad is not None:  # a fit's intercept or slope may be negative (noise on few points)
-        raise UserError(
-            f"{where}: op {kind!r}: {bad} must be seconds in ±{MAX_SECONDS:g}, got {op[bad]!r}"
-        )
-    at = f"op {kind!r}: "
-    x = optional(op, "x", str, where, at)
-    n = optional(op, "n", int, where, at)
-    r2, overlap, calls, unique_w, bag_w, dense_scale = (
-        optional_number(op, k, where, at)
-        for k in ("r2", "overlap", "calls", "unique_weight", "bag_weight", "dense_scale")
-    )
-    sync_s = optional_seconds(op, "sync_s", where, at)
-    return OpFit(
-        x="" if x is None else x,
-        a_s=float(op["a_s"]),
-        b_s=float(op["b_s"]),
-        r2=0.0 if r2 is None else r2,
-        n=0 if n is None else n,
-        overlap=overlap,
-        calls=1.0 if calls is None else calls,
-        sync_s=0.0 if sync_s is None else sync_s,
-        unique_weight=unique_w,
-        bag_weight=bag_w,
-        dense_scale=dense_scale,
-    )
-
-
-def _provenance(prov: Mapping[str, Any], where: str) -> Provenance:
-    """The `provenance` object, checked field by field."""
-    at = "provenance."
-    manifest = prov.get("manifest")
-    if manifest is not None and not isinstance(manifest, dict):
-        raise UserError(f"{where}: {at}manifest must be an object")
-    profiles = strings(prov, "profiles", where, at)
-    return Provenance(
-        profile=optional(prov, "profile", str, where, at),
-        created_unix=optional_number(prov, "created_unix", where, at),
-        manifest=manifest or {},
-        samples=optional(prov, "samples", int, where, at),
-        step_time_s_median=optional_number(prov, "step_time_s_median", where, at),
-        step_time_s_min=optional_number(prov, "step_time_s_min", where, at),
-        profiles=profiles,
-        steady_step_s_median=optional_number(prov, "steady_step_s_median", where, at),
-        profiler_inflation=optional_number(prov, "profiler_inflation", where, at),
-    )
-
-
-def _held_out(doc: Any, where: str) -> list[HeldOut]:
-    """The optional `held_out` list, checked entry by entry."""
-    if doc is None:
-        return []
-    if not isinstance(doc, list):
-        raise UserError(f"{where}: held_out must be a list")
-    out = []
-    for i, h in enumerate(doc):
-        at = f"held_out[{i}]."
-        if not isinstance(h, Mapping):
-            raise UserError(f"{where}: held_out[{i}] must be an object")
-        profile = optional(h, "profile", str, where, at)
-        measured = optional_number(h, "measured_step_s", where, at)
-        predicted = optional_number(h, "predicted_step_s", where, at)
-        level = optional_number(h, "level", where, at)
-        if profile is None or measured is None or predicted is None or measured <= 0:
-            raise UserError(
-                f"{where}: {at[:-1]} needs profile, measured_step_s > 0 and predicted_step_s"
-            )
-        if level is not None and not (math.isfinite(level) and level > 0):
-            raise UserError(f"{where}: {at}level must be a finite number > 0, got {level}")
-        out.append(HeldOut(profile, measured, predicted, 1.0 if level is None else level))
-    return out

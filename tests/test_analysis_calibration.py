@@ -10,9 +10,9 @@ from sparselift import plans
 from sparselift.analysis.dense_backward import dp_allreduce_fit
 from sparselift.analysis.fit import _fit_calls, sync_wait
 from sparselift.analysis.pipeline import analyze, write_outputs
-from sparselift.calibration import FORMAT, RS_KIND, UNITS, Calibration, OpFit
+from sparselift.calibration import FORMAT, RS_KIND, UNITS, Calibration, OpFit, read_checked
 from sparselift.errors import UserError
-from sparselift.optimizer.coefficients import coefficients, load_calibration
+from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.table_stats import stats_from_profile
 from sparselift.optimizer.topology import preset
@@ -121,15 +121,15 @@ def test_calibration_file_roundtrip(analyses, tmp_path):
             "overlap"
         ] <= 1
         assert v["sync_s"] >= 0 and (v["sync_s"] == 0 or v["x"] == "bytes")
-    cal = load_calibration(tmp_path / "calibration.json")
+    cal = read_checked(tmp_path / "calibration.json")
     assert cal["dense_step_s"] == d["dense_step_s"] > 0
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(UserError, match="bad.json"):
-        load_calibration(tmp_path / "bad.json")
+        read_checked(tmp_path / "bad.json")
     d["ops"]["input_dist"]["sync_s"] = "slow"
     (tmp_path / "bad2.json").write_text(json.dumps(d))
     with pytest.raises(UserError, match="bad2.json: op 'input_dist': sync_s must be a number"):
-        load_calibration(tmp_path / "bad2.json")
+        read_checked(tmp_path / "bad2.json")
 
 
 def test_one_calibration_type_reads_what_the_analysis_writes(analyses, tmp_path):

@@ -16,8 +16,9 @@ import pytest
 from bad_input_cases import analyzed_fixture_profile
 
 from sparselift import plans
+from sparselift.calibration import read_checked
 from sparselift.cli import main
-from sparselift.optimizer.coefficients import coefficients, load_calibration
+from sparselift.optimizer.coefficients import coefficients
 from sparselift.optimizer.planio import statistics_digest
 from sparselift.optimizer.predict import predict_plan
 from sparselift.optimizer.recheck import DRIFT_TOLERANCE, recheck, topology_of
@@ -105,7 +106,7 @@ def test_a_drifted_table_is_flagged_and_replanning_it_gains_exit_1(made, tmp_pat
     # the numbers are the cost model's: the plan and the re-planned plan priced independently
     stats, batch = stats_from_profile(drifted)
     topo = topology_of(plan)
-    coeffs = coefficients(topo, load_calibration(drifted / "calibration.json"))
+    coeffs = coefficients(topo, read_checked(drifted / "calibration.json"))
     before = predict_plan(plan, stats, coeffs, topo, batch).step_time_s
     after = predict_plan(res.replanned.plan, stats, coeffs, topo, batch).step_time_s
     assert res.predicted.step_time_s == pytest.approx(before, rel=1e-9)

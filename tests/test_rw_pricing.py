@@ -12,9 +12,9 @@ import pytest
 from sparselift.analysis.joint import fit_jointly
 from sparselift.analysis.pipeline import analyze
 from sparselift.analysis.step_model import sparse_at_target
-from sparselift.calibration import A2A_KIND, RS_KIND, Calibration
+from sparselift.calibration import A2A_KIND, RS_KIND, Calibration, read_checked
 from sparselift.cli import main
-from sparselift.optimizer.coefficients import ASSUMED, Linear, coefficients, load_calibration
+from sparselift.optimizer.coefficients import ASSUMED, Linear, coefficients
 from sparselift.optimizer.cost_model import CostModel, Group
 from sparselift.optimizer.optimize import Inputs, optimize
 from sparselift.optimizer.predict import predict_plan
@@ -81,7 +81,7 @@ def test_without_reduce_scatter_fits_row_wise_is_priced_as_the_all_to_all_and_as
     # a calibration file of table-wise profiles only, as calibrations before the reduce-scatter
     # kinds were written: it loads, and prices the row-wise output with the all-to-all's line
     analyses["table_wise"].calibration.save(tmp_path / "calibration.json")
-    doc = load_calibration(tmp_path / "calibration.json")
+    doc = read_checked(tmp_path / "calibration.json")
     assert not set(A2A_KIND) & set(doc["ops"])
     coeffs = coefficients(TOPO, doc)
     assert coeffs.measured("output_dist_fwd") and coeffs.measured("output_dist_bwd")

@@ -114,7 +114,8 @@ def register(sub: Any) -> None:
 def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
     """Statistics, topology, batch size and coefficients from the flags (a profile or a
     workload spec), and the plan the (first) profile trained with, if it describes one."""
-    from sparselift.optimizer.coefficients import coefficients, load_calibration
+    from sparselift.calibration import read_checked
+    from sparselift.optimizer.coefficients import coefficients
     from sparselift.optimizer.crowding import crowded_coefficients
     from sparselift.optimizer.optimize import Inputs
     from sparselift.optimizer.profile_input import plan_in_force, read_profile
@@ -144,7 +145,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Inputs, plans.Plan | None]:
         spec = load_workload(args.workload).capped(args.max_rows)
         stats, batch = stats_from_spec(spec), spec.batch_size
         if args.calibration:
-            calibration = load_calibration(args.calibration)
+            calibration = read_checked(args.calibration)
         provenance = {"workload": spec.name, "max_rows": args.max_rows}
     batch = args.batch_size or batch
     if args.topology:

@@ -20,27 +20,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sparselift.calibration import (
     A2A_KIND,
     DENSE_OPTIMIZER,
-    RS_KIND,
     UNITS,
     Calibration,
     lookup_unit,
-    read_checked,
 )
 from sparselift.kernels import (
     CPU_CALL_S,
     CPU_DIST_B_S,
     CPU_WORK_B_S,
-    FLOAT_BYTES,
     KERNEL_UNIT,
     LookupUnit,
 )
 from sparselift.optimizer.topology import Topology
+from sparselift.optimizer.wire import DIST_KINDS, every_byte_crossed_hosts, quantize_from_net
 
 LOOKUP_UNIT = UNITS["lookup_fwd"]  # what analysis writes as the lookups' `x`
 OP_KINDS = (
@@ -236,18 +233,6 @@ def from_topology(topo: Topology, dense_step_s: float = 0.0) -> Coefficients:
     ).with_evidence(ASSUMED, f"preset {topo.preset or 'topology file'}", COEFFICIENT_NAMES)
 
 
-def load_calibration(path: str | Path) -> dict[str, Any]:
-    """Read and check calibration.json, as its plain JSON object.
-
-    `sparselift.calibration.Calibration.load` reads the same file as a dataclass; this form is for
-    callers that take the object (`coefficients` accepts both).
-
-    Raises:
-        UserError: the file is missing, malformed or has a wrong field; the message names it.
-    """
-    return read_checked(path)
-
-
 def coefficients(
     topo: Topology,
     calibration: Calibration | Mapping[str, Any] | None = None,
@@ -381,34 +366,3 @@ def coefficients(
 
 PIPELINE_NAMES = ("pipeline_overlap", "pipeline_overhead_s")
 SPLIT_COST_NAMES = ("batch_transform", "recombine_b_s")  # what a split model adds to a step
-
-
-DIST_KINDS = ("input_dist", *RS_KIND, *RS_KIND.values())
-
-
-def every_byte_crossed_hosts(cal: Calibration) -> bool:
-    """Whether every collective byte of the calibrated profile crossed hosts: several hosts of
-    one rank each (the manifest's world_size and local_world_size), so its distributions'
-    per-byte fits are the inter-host cost."""
-    m = cal.provenance.manifest
-    world, local = m.get("world_size"), m.get("local_world_size")
-    return isinstance(world, int) and local == 1 and world > 1
-
-
-def quantize_from_net(net_s: float, out_b_s: float, wire_b_s: float) -> float:
-    """The quantize seconds per element a measured 16-bit cost implies, for the bytes the wire
-    model still prices (those that cross hosts; inside the host the net is priced as measured,
-    `Coefficients.qcomm_net_s`).
-
-    The wire model prices B fp32 bytes of pooled embeddings at 16 bits as
-    b·B − ½·min(b, wire)·B + 2·quantize·B/4 (half the bytes leave the wire; quantize at the
-    sender, dequantize at the receiver); a profile measured b·B + net·B/4
-    (`analysis.precision_fit`). The two agree when quantize = net/2 + ½·min(b, wire)·4/2. Never
-    negative: a saving beyond the wire time the model knows of is not counted on.
-
-    Args:
-        net_s: the measured net seconds per element at 16 bits over fp32.
-        out_b_s: the measured fp32 output distribution's seconds per byte.
-        wire_b_s: the topology's seconds per byte on the wire.
-    """
-    return max(0.0, net_s / 2.0 + 0.5 * min(out_b_s, wire_b_s) * FLOAT_BYTES / 2.0)

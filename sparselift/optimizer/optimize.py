@@ -10,7 +10,6 @@ what-if plans that must also hold under TorchRec's estimator get none, as it can
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,12 +25,13 @@ from sparselift.optimizer.agreement import (
     verdicts_alone,
 )
 from sparselift.optimizer.choose import CheapestBaseline, PendingBaselines, choose_precision
-from sparselift.optimizer.coefficients import Coefficients
 from sparselift.optimizer.cost_model import CostModel
 from sparselift.optimizer.costs import PlanCost
 from sparselift.optimizer.feasibility import fits_memory
-from sparselift.optimizer.planio import choices_from_plan, plan_topology, statistics_digest, to_plan
+from sparselift.optimizer.inputs import Inputs
+from sparselift.optimizer.planio import choices_from_plan, to_plan
 from sparselift.optimizer.problem import Problem, Solution
+from sparselift.optimizer.readout import Decided, read_out
 from sparselift.optimizer.robust import (
     gate_precision,
     kept_wide,
@@ -47,8 +47,6 @@ from sparselift.optimizer.split_options import (
     part_stats,
     plan_tables,
 )
-from sparselift.optimizer.table_stats import TableStats
-from sparselift.optimizer.topology import Topology
 from sparselift.optimizer.torchrec_storage import hbm_budget
 from sparselift.optimizer.whatif import (
     PriceBook,
@@ -57,37 +55,12 @@ from sparselift.optimizer.whatif import (
     polish,
     two_model_mode,
 )
-from sparselift.profiler.hot_ids import HotIds
 
 TILT = 4.0  # what-if: the factor on the weight of the model that rejected the first solve
 RETRY_SHARE = 0.5  # … and that second solve's share of the time limit
 # With splits on offer: the share of the time limit the solve without them gets, before the solve
 # with them starts from its plan (the larger model alone can end worse within its limit).
 PLAIN_SHARE = 0.4
-
-
-@dataclass
-class Inputs:
-    """What a planning run plans for.
-
-    Attributes:
-        stats: the tables.
-        topo: the target topology.
-        batch_size: samples per rank.
-        coeffs: the cost coefficients.
-        provenance: facts recorded in the plan (profile or workload, topology).
-        splits: per table, the splits it may take (`split_options`); none by default.
-        hot: the profile's measured hot ids per table, which price the splits of a plan given
-            (the profiled plan, a baseline) as `split_options` prices the splits it offers.
-    """
-
-    stats: list[TableStats]
-    topo: Topology
-    batch_size: int
-    coeffs: Coefficients
-    provenance: dict[str, Any] = field(default_factory=dict)
-    splits: dict[str, list[SplitOption]] = field(default_factory=dict)
-    hot: dict[str, HotIds] = field(default_factory=dict)
 
 
 @dataclass
@@ -358,60 +331,17 @@ def optimize(
             )
     if kept and base_plan is not None:  # a plan kept as it is: its own splits' parts
         by_name = {**by_name, **plan_tables(base_plan, inp.stats, inp.hot)}
-    cost = model.evaluate(by_name, choices, plan_wide)
-    chosen = chosen_splits(splits, choices)
-    objective = minimized.evaluate(by_name, choices, plan_wide).step_time_s
-    gap = max(0.0, (objective - sol.bound_s) / objective) if objective > 0 else 0.0
-    solver_rec = {
-        "name": f"cp-sat ({sol.mode})",
-        "status": sol.status + (f" ({kept_what} kept)" if kept else ""),
-        "objective": objective,
-        "bound": min(sol.bound_s, objective),
-        "gap": gap,
-        "time_s": round(sol.det_time_s, 3),
-        "seed": seed,
-        "workers": workers,
-    }
-    if two:  # what the objective and bound are made of
-        solver_rec["objective_of"] = "SparseLift's step + weight x TorchRec's estimator (whatif)"
-        solver_rec["torchrec_weight"] = getattr(minimized, "weight", 0.0)
-    provenance = {
-        **inp.provenance,
-        "coefficients": inp.coeffs.source,
-        "batch_size": inp.batch_size,
-        "tool": "sparselift optimize",
-    }
-    predicted = cost.predicted()
-    if chosen:  # what each split was priced at, for reports
-        predicted["splits"] = {
-            o.table: {"option": o.label, "hot_share": o.hot_share} for o in chosen
-        }
-    if kept and base_plan is not None:  # TorchRec's plan as it is (its splits too), our records
-        precision = plans.CommPrecision(forward=plan_wide.forward, backward=plan_wide.backward)
-        plan = dataclasses.replace(
-            base_plan,
-            topology=plan_topology(inp.topo),  # a profiled plan names no preset
-            comm_precision=precision,
-            pipeline=plan_wide.pipeline,
-            predicted=predicted,
-            solver=solver_rec,
-            provenance=provenance,
-        )
-    else:
-        plan = to_plan(
-            inp.stats,
-            choices,
-            inp.topo,
-            plan_wide,
-            predicted=predicted,
-            solver=solver_rec,
-            provenance=provenance,
-            splits=chosen,
-        )
-    plan = dataclasses.replace(  # a kept plan gets our records too: evidence, statistics
-        plan,
-        evidence=inp.coeffs.evidence_dict(),
-        statistics=statistics_digest(inp.stats, inp.batch_size),
+    plan, cost = read_out(
+        inp,
+        Decided(choices, plan_wide, chosen_splits(splits, choices), kept_what if kept else None),
+        by_name,
+        sol,
+        model,
+        minimized,
+        base_plan,
+        seed=seed,
+        workers=workers,
+        two=two,
     )
     sol.wall_s = time.perf_counter() - t0 - base.waited_s
     return Result(plan, cost, sol, base_plan, base_cost, kept, notes, verdicts)

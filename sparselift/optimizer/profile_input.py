@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from sparselift import plans
+from sparselift.calibration import read_checked
 from sparselift.errors import UserError
-from sparselift.optimizer.coefficients import load_calibration
 from sparselift.optimizer.table_stats import TableStats, stats_from_profile
 from sparselift.profile_manifest import check_unique_tables, is_sequence_table, read_manifest
 from sparselift.profiler.hot_ids import HotIds, read_hot_ids
@@ -60,7 +60,7 @@ def read_profile(profile_dir: str | Path, *, need_calibration: bool) -> ProfileI
         raise UserError(
             f"{profile_dir} has no calibration.json: run `sparselift analyze {profile_dir}` first"
         )
-    calibration = load_calibration(cal) if cal.is_file() else None
+    calibration = read_checked(cal) if cal.is_file() else None
     manifest = read_manifest(profile_dir)
     check_unique_tables(profile_dir, manifest)
     stats, batch = stats_from_profile(profile_dir)
