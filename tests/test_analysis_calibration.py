@@ -82,6 +82,38 @@ def test_one_slow_allreduce_does_not_price_every_data_parallel_table():
     assert dp_allreduce_fit(other) is None
 
 
+def _allreduces(sizes_ms: dict[float, list[float]]) -> pd.DataFrame:
+    rows = [(b, t * 1e-3) for b, ts in sizes_ms.items() for t in ts]
+    return pd.DataFrame(
+        {
+            "kind": "dp_allreduce",
+            "part": "collective",
+            "bytes": [b for b, _ in rows],
+            "transfer_s": [t for _, t in rows],
+            "dur_s": [t for _, t in rows],
+        }
+    )
+
+
+def test_the_tables_allreduce_call_is_told_from_its_bytes_where_sizes_differ():
+    # the dense module's 30 KB call and the tables' own 1 MB call, each 5 ms of latency plus
+    # 2 ns a byte: the line through them gives both terms
+    fit = dp_allreduce_fit(_allreduces({30e3: [5.06, 5.06, 90.0], 1e6: [7.0, 7.0]}))
+    assert fit.a_s == pytest.approx(5e-3) and fit.b_s == pytest.approx(2e-9)
+    # larger calls no dearer (ranks sharing cores wait out their latency): a call's price only
+    flat = dp_allreduce_fit(_allreduces({30e3: [6.0], 60e3: [5.0], 1e6: [5.5]}))
+    assert flat.b_s == 0.0 and flat.a_s == pytest.approx(5.5e-3)
+
+
+def test_one_size_prices_a_small_tables_call_and_a_large_tables_bytes_at_the_most():
+    # only the dense module's 1 MB call, 4 ms: a 10 KB table still pays a call, and 10 MB pay
+    # its rate per byte (neither is known apart from the other)
+    fit = dp_allreduce_fit(_allreduces({1e6: [4.0, 4.0, 4.0]}))
+    assert fit.a_s == pytest.approx(4e-3) and fit.b_s == pytest.approx(4e-9)
+    cost = fit.cost
+    assert cost(10e3) >= 4e-3 and cost(10e6) >= 40e-3
+
+
 def _waits(waits_by_rank):
     return pd.DataFrame(
         [

@@ -8,8 +8,8 @@ work the two differ, so lookup_bwd's line is fitted on the fused groups' calls, 
 groups' calls measure their own multiple of it (`OpFit.dense_scale`), which the optimizer
 prices data-parallel tables' backward work with (`Coefficients.dense_bwd_scale`).
 
-The optimizer also prices those tables' gradient all-reduce (a ring over their weights, at
-`dp_allreduce`'s per-byte cost, `dp_allreduce_fit`) and the trainer's dense optimizer pass over
+The optimizer also prices those tables' gradient all-reduce (one call more, and a ring over
+their weights, at `dp_allreduce`'s fixed and per-byte costs, `dp_allreduce_fit`) and the trainer's dense optimizer pass over
 their weights (per element, `dense_grad_b_s`). A profile's step holds what both cost, so the
 modelled sparse path of a profile counts them as the optimizer does (`tables_allreduce_s`,
 `tables_optimizer_s`). Otherwise the dense residual would hold them, and every plan would pay
@@ -40,6 +40,9 @@ from sparselift.calibration import (
 )
 from sparselift.kernels import ring_allreduce_bytes
 from sparselift.plans.types import WEIGHT_BYTES
+
+# how far apart the all-reduces' sizes must be for their fixed cost and per-byte cost to be told apart
+SIZE_SPREAD = 2.0
 
 
 def dense_backward(calls: pd.DataFrame) -> pd.Series:
@@ -104,20 +107,25 @@ def replicated(manifest: Mapping[str, Any], trainer_only: bool = False) -> tuple
 
 
 def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
-    """Per-byte cost of the data-parallel gradient allreduces (the dense module's too): what a
-    step's allreduces take per byte they carry.
+    """What the data-parallel tables' gradient all-reduce costs a step: a fixed cost for their
+    call (TorchRec's data-parallel lookup all-reduces in a DDP of its own, one call more than the
+    dense module's) and a cost per byte.
 
-    Each call of a step is a bucket of its own size: per size, the median call's transfer
-    (a peer thread scheduled late makes one call several times slower, and a few profiled
-    calls must not let one such call price every data-parallel table); then their sum over
-    the sizes' bytes. Summed, not a median of per-byte rates: a small call is mostly its
-    fixed latency, and its rate would price a large replicated table's gradient several
-    times over.
+    Each call of a step is a bucket of its own size: per size, the median call's transfer (a peer
+    thread scheduled late makes one call several times slower, and a few profiled calls must not
+    let one such call price every data-parallel table). Where the sizes are at least
+    `SIZE_SPREAD` apart (the dense module's call and the tables' own), a line through the
+    sizes' medians tells the call's fixed cost from its bytes. Where they are not (a profile
+    without data-parallel tables), they cannot: each term is then taken at the most the calls
+    allow, the fixed cost at the median call's transfer and the per-byte cost at the calls'
+    seconds over their bytes, so that neither a small table's call nor a large table's bytes are
+    priced below what they may cost. (A rate alone prices a small table's call at a fraction of
+    the latency every call pays, which on ranks that share cores is most of the call.)
 
     Args:
         nodes: graph nodes (`kind`, `part`, `bytes`, `transfer_s`, `dur_s` columns).
     Returns:
-        The fit (a_s = 0), or None when the profile has no such call.
+        The fit, or None when the profile has no such call.
     """
     if nodes.empty:
         return None
@@ -127,14 +135,24 @@ def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
     if dp.empty:
         return None
     per_size = dp["transfer_s"].fillna(dp["dur_s"]).groupby(dp["bytes"]).median()
-    b = float(per_size.sum() / per_size.index.to_numpy(dtype=np.float64).sum())
-    return OpFit(x=UNITS["dp_allreduce"], a_s=0.0, b_s=b, r2=0.0, n=int(len(dp)), overlap=0.0)
+    sizes = per_size.index.to_numpy(dtype=np.float64)
+    seconds = per_size.to_numpy(dtype=np.float64)
+    rate = float(seconds.sum() / sizes.sum())
+    if sizes.max() >= SIZE_SPREAD * sizes.min():
+        b, a = (float(v) for v in np.polyfit(sizes, seconds, 1))
+        if b < 0.0:  # no cost that grows with the bytes: every call costs about the same
+            a, b = float(np.median(seconds)), 0.0
+        elif a < 0.0:
+            a, b = 0.0, rate
+    else:
+        a, b = float(np.median(seconds)), rate
+    return OpFit(x=UNITS["dp_allreduce"], a_s=a, b_s=b, r2=0.0, n=int(len(dp)), overlap=0.0)
 
 
 def tables_allreduce_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) -> float:
     """Seconds a step of the profile's plan spends in the data-parallel tables' gradient
-    all-reduce, as the optimizer prices it: 2·(W−1)/W of their weights' bytes (ring) at
-    `dp_allreduce`'s per-byte cost, less its overlap share.
+    all-reduce, as the optimizer prices it: their call's fixed cost and 2·(W−1)/W of their
+    weights' bytes (ring) at `dp_allreduce`'s per-byte cost, less its overlap share.
 
     Args:
         manifest: the profile's manifest (`world_size`, `tables`, `sharding`).
@@ -147,7 +165,10 @@ def tables_allreduce_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) ->
     if fit is None or not isinstance(world, int) or world < 2:
         return 0.0
     weight_bytes = replicated(manifest)[1]
-    return (1.0 - (fit.overlap or 0.0)) * fit.b_s * ring_allreduce_bytes(world, weight_bytes)
+    if weight_bytes <= 0:
+        return 0.0
+    ring = ring_allreduce_bytes(world, weight_bytes)
+    return (1.0 - (fit.overlap or 0.0)) * (max(0.0, fit.a_s) + fit.b_s * ring)
 
 
 def tables_optimizer_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) -> float:
