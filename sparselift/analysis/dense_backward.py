@@ -9,11 +9,11 @@ groups' calls measure their own multiple of it (`OpFit.dense_scale`), which the 
 prices data-parallel tables' backward work with (`Coefficients.dense_bwd_scale`).
 
 The optimizer also prices those tables' gradient all-reduce (one call more, and a ring over
-their weights, at `dp_allreduce`'s fixed and per-byte costs, `dp_allreduce_fit`) and the trainer's dense optimizer pass over
-their weights (per element, `dense_grad_b_s`). A profile's step holds what both cost, so the
-modelled sparse path of a profile counts them as the optimizer does (`tables_allreduce_s`,
-`tables_optimizer_s`). Otherwise the dense residual would hold them, and every plan would pay
-them once more.
+their weights, at `dp_allreduce`'s fixed and per-byte costs, `dp_allreduce_fit`) and the
+trainer's dense optimizer pass over their weights (per element, `dense_grad_b_s`). A profile's
+step holds what both cost, so the modelled sparse path of a profile counts them as the
+optimizer does (`tables_allreduce_s`, `tables_optimizer_s`). Otherwise the dense residual would
+hold them, and every plan would pay them once more.
 
 The optimizer pass is measured where profiles of one model replicate different data-parallel
 weights (`dense_optimizer_fit`): the dense work outside forward and backward (the optimizer
@@ -41,7 +41,7 @@ from sparselift.calibration import (
 from sparselift.kernels import ring_allreduce_bytes
 from sparselift.plans.types import WEIGHT_BYTES
 
-# how far apart the all-reduces' sizes must be for their fixed cost and per-byte cost to be told apart
+# how far apart the all-reduces' sizes must be to tell their fixed cost from their per-byte cost
 SIZE_SPREAD = 2.0
 
 
