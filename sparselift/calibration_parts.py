@@ -103,12 +103,17 @@ class HeldOut:
             job (`analysis.job_levels`): as measured ÷ `level`.
         predicted_step_s: that step under the calibration fitted without it.
         level: its job's steps ÷ the first profile's job's (1.0: the same job, or not linked).
+        unmeasured: what the profile's plan ran that none of the other profiles did (sharding
+            types, 16-bit comm, split tables): its prediction priced those from no measurement
+            of them, so its error says how far an unmeasured option may be off, not how far the
+            calibration carries.
     """
 
     profile: str
     measured_step_s: float
     predicted_step_s: float
     level: float = 1.0
+    unmeasured: list[str] = field(default_factory=list)
 
     @property
     def error(self) -> float:
@@ -189,5 +194,8 @@ def read_held_out(doc: Any, where: str) -> list[HeldOut]:
             )
         if level is not None and not (math.isfinite(level) and level > 0):
             raise UserError(f"{where}: {at}level must be a finite number > 0, got {level}")
-        out.append(HeldOut(profile, measured, predicted, 1.0 if level is None else level))
+        unmeasured = strings(h, "unmeasured", where, at)
+        out.append(
+            HeldOut(profile, measured, predicted, 1.0 if level is None else level, unmeasured)
+        )
     return out

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from sparselift.analysis.compare import steady_steps
+from sparselift.analysis.joint import unmeasured_note
 from sparselift.analysis.split_cost_fit import median_step_costs
 from sparselift.atomic import write_bytes, write_json
 from sparselift.bench import MAX_ROUNDS
@@ -298,7 +299,11 @@ def tune(
             Iteration(plan, own, predicted, measured, nxt, base_step, held, levelled, costs)
         )
         pred = "—" if predicted is None else f"{predicted * 1e3:.2f} ms"
-        loo = ", ".join(f"{Path(h['profile']).name} {h['error']:+.1%}" for h in held)
+        loo = ", ".join(
+            f"{Path(h['profile']).name} {h['error']:+.1%}"
+            + (f" ({unmeasured_note(u)})" if (u := h.get("unmeasured")) else "")
+            for h in held
+        )
         beside = (
             ""
             if there is None or levelled is None

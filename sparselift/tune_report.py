@@ -54,6 +54,7 @@ def held_out_table(result: TuneResult) -> pd.DataFrame:
                 "predicted ms": round(h["predicted_step_s"] * 1e3, 3),
                 "measured ms": round(h["measured_step_s"] * 1e3, 3),
                 "error": f"{h['error']:+.1%}",
+                "ran what no other profile ran": ", ".join(h.get("unmeasured", [])),
             }
             for h in held
         ]

@@ -18,7 +18,13 @@ import pytest
 from sparselift.analysis.evidence import ProfileEvidence, slowed
 from sparselift.analysis.fit import fit_evidence
 from sparselift.analysis.job_levels import job_levels, levelled
-from sparselift.analysis.joint import JointFit, fit_jointly, held_out, held_out_lines
+from sparselift.analysis.joint import (
+    JointFit,
+    fit_jointly,
+    held_out,
+    held_out_lines,
+    plan_options,
+)
 from sparselift.analysis.pipeline import analyze
 from sparselift.analysis.recombine_fit import RecombineSample
 from sparselift.analysis.samples import SAMPLE_COLUMNS
@@ -203,10 +209,30 @@ def test_each_fixture_profile_is_predicted_by_the_fit_on_the_other():
     for h in cal.held_out:
         assert abs(h.error) < 0.15, h
     assert cal.provenance.profiles == [str(TW), str(RW)]
+    # each plan's sharding type is one the other profile never ran: named with its error
+    assert [h.unmeasured for h in cal.held_out] == [["table_wise tables"], ["row_wise tables"]]
     again = Calibration.from_dict(json.loads(cal.to_bytes()))
-    assert [(h.profile, h.error) for h in again.held_out] == [
-        (h.profile, h.error) for h in cal.held_out
+    assert [(h.profile, h.error, h.unmeasured) for h in again.held_out] == [
+        (h.profile, h.error, h.unmeasured) for h in cal.held_out
     ]
+    lines = held_out_lines(joint)
+    assert any(
+        f"left out {RW}" in ln and "no other profile ran its row_wise tables" in ln for ln in lines
+    )
+
+
+def test_a_held_out_profile_names_only_what_no_other_profile_ran():
+    """The data-parallel plan also runs table-wise tables, which the table-wise profile measured;
+    a 16-bit copy of the table-wise plan adds only its precision."""
+    same_job = FIX / "profile_tiny_table_wise_same_job"
+    dp = FIX / "profile_tiny_data_parallel"
+    held = fit_jointly([analyze(same_job, cache=False), analyze(dp, cache=False)]).calibration
+    assert [h.unmeasured for h in held.held_out] == [[], ["data_parallel tables"]]
+    fp16 = {"comm_precision": {"forward": "fp16", "backward": "fp32"}}
+    assert plan_options({**json.loads((TW / "manifest.json").read_text()), **fp16}) == {
+        "table_wise tables",
+        "16-bit comm",
+    }
 
 
 def test_analyze_of_two_profiles_prints_the_leave_one_out_errors(tmp_path, capsys):

@@ -15,7 +15,8 @@ separate jobs are first levelled to one job's speed (`job_levels`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sparselift.analysis.compare import check_same_job, job_models
 from sparselift.analysis.evidence import ProfileEvidence
@@ -33,6 +34,7 @@ from sparselift.analysis.precision_fit import (
     at_precision,
     fit_qcomm,
     measured_faster,
+    precision_of,
     split_by_precision,
     steps_net,
 )
@@ -129,7 +131,24 @@ def held_out(evidence: list[ProfileEvidence], i: int, level: float = 1.0) -> Hel
     predicted = dense.residual_at(model_parallel_types(ev.manifest)) + sparse_at_target(
         ev, ops, cal.lookup_rank_spread
     )
-    return HeldOut(ev.profile, ev.target_s, predicted, level)
+    seen = set().union(*(plan_options(o.manifest) for j, o in enumerate(evidence) if j != i))
+    unmeasured = sorted(plan_options(ev.manifest) - seen)
+    return HeldOut(ev.profile, ev.target_s, predicted, level, unmeasured)
+
+
+def plan_options(manifest: Mapping[str, Any]) -> set[str]:
+    """The options a profile's plan ran that a calibration prices from measurements of them:
+    its sharding types (as "<type> tables"), 16-bit comm and split tables."""
+    out = {
+        f"{e['sharding_type']} tables"
+        for e in manifest.get("sharding") or []
+        if isinstance(e, Mapping) and isinstance(e.get("sharding_type"), str)
+    }
+    if any(p != "fp32" for p in precision_of(dict(manifest)).values()):
+        out.add("16-bit comm")
+    if manifest.get("splits"):
+        out.add("split tables")
+    return out
 
 
 def fit_jointly(analyses: Sequence[Analysis], cache: bool = True) -> JointFit:
@@ -223,6 +242,7 @@ def check_lines(cal: Calibration) -> list[str]:
         lines.append(
             f"  left out {h.profile}: predicted {h.predicted_step_s * 1e3:.2f} ms, measured "
             f"{h.measured_step_s * 1e3:.2f} ms{in_job} ({h.error:+.1%})"
+            + (f"; {unmeasured_note(h.unmeasured)}" if h.unmeasured else "")
         )
     if cal.lookup_rank_spread is not None:
         lines.append(
@@ -236,3 +256,8 @@ def check_lines(cal: Calibration) -> list[str]:
             mu = "kernel's" if fit.bag_weight is None else f"{fit.bag_weight:.3g}"
             lines.append(f"  {kind} unit refitted: κ {kappa}, μ {mu}")
     return lines
+
+
+def unmeasured_note(unmeasured: Sequence[str]) -> str:
+    """How a held-out check names what only its own profile ran."""
+    return f"no other profile ran its {', '.join(unmeasured)}"
