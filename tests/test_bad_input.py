@@ -115,6 +115,7 @@ optimize-calibration-dir | $OPT --calibration {adir} $OUT | {adir}
 optimize-calibration-malformed | $OPT --calibration {malformed} $OUT | malformed JSON
 optimize-calibration-other | $OPT --calibration {other} $OUT | {other}
 optimize-calibration-newer | $OPT --calibration {newercal} $OUT | version 99
+optimize-calibration-unmeasured | $OPT --calibration {heldcal} $OUT | held_out[0].unmeasured
 optimize-topology-missing | $OPT --topology {tmp}/nope.json $OUT | nope.json
 optimize-topology-malformed | $OPT --topology {malformed} $OUT | malformed JSON
 optimize-topology-other | $OPT --topology {other} $OUT | {other}
@@ -267,6 +268,8 @@ def inputs(tmp_path, analyzed_profile) -> dict[str, Path]:
     put("nanpool.json", json.dumps(_spec(pooling_factor=4.5)).replace("4.5", "NaN"))
     calibration = json.loads((analyzed_profile / "calibration.json").read_text())
     put("newercal.json", {**calibration, "version": 99})
+    held = {"profile": "p", "measured_step_s": 1.0, "predicted_step_s": 1.1, "unmeasured": 5}
+    put("heldcal.json", {**calibration, "held_out": [held]})
     put("badcal/calibration.json", "{")
     manifest = json.loads((analyzed_profile / "manifest.json").read_text())
     put("badmanifest/manifest.json", "{")
