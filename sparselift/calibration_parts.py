@@ -9,7 +9,7 @@ top level and its parts stay small enough to read.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +119,11 @@ class HeldOut:
     def error(self) -> float:
         """(predicted − measured) ÷ measured."""
         return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+
+def unmeasured_note(unmeasured: Sequence[str]) -> str:
+    """How a held-out check names what only its own profile ran (`HeldOut.unmeasured`)."""
+    return f"no other profile ran its {', '.join(unmeasured)}"
 
 
 def read_op_fit(kind: Any, op: Any, where: str) -> OpFit:

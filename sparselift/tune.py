@@ -43,10 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from sparselift.analysis.compare import steady_steps
-from sparselift.analysis.joint import unmeasured_note
 from sparselift.analysis.split_cost_fit import median_step_costs
 from sparselift.atomic import write_bytes, write_json
 from sparselift.bench import MAX_ROUNDS
+from sparselift.calibration_parts import unmeasured_note
 from sparselift.errors import UserError
 from sparselift.profile_manifest import read_manifest, shared_cores
 from sparselift.tune_ab import fastest_beside_baseline, run_ab

@@ -178,6 +178,12 @@ def test_the_held_out_error_is_the_calibrations_largest_leave_one_out_miss():
         {"profile": p, "measured_step_s": m, "predicted_step_s": q} for p, m, q in runs
     ]
     assert coefficients(topo, cal).held_out_error == pytest.approx(0.06)
+    assert coefficients(topo, cal).held_out_by == "b"
+    # the note names the profile, and what no other profile ran where its error measures that
+    cal["held_out"][1]["unmeasured"] = ["data_parallel tables"]
+    margin, why = margin_for_splits(coefficients(topo, cal), 0.1)
+    assert margin == pytest.approx(0.06)
+    assert why.endswith("error, of b, where no other profile ran its data_parallel tables")
 
 
 def test_the_optimizers_split_plan_is_a_valid_format_2_plan_and_repeats_byte_for_byte():

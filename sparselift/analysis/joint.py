@@ -42,7 +42,14 @@ from sparselift.analysis.recombine_fit import RECOMBINE
 from sparselift.analysis.step_model import dense_fit, fit_of, sparse_at_target, with_rs_kinds
 from sparselift.analysis.transform_fit import TRANSFORM
 from sparselift.analysis.type_overhead import DenseFit, model_parallel_types
-from sparselift.calibration import A2A_KIND, UNITS, Calibration, HeldOut, OpFit
+from sparselift.calibration import (
+    A2A_KIND,
+    UNITS,
+    Calibration,
+    HeldOut,
+    OpFit,
+)
+from sparselift.calibration_parts import unmeasured_note
 from sparselift.errors import UserError
 from sparselift.kernels import CPU_CALL_S, CPU_DIST_B_S, CPU_WORK_B_S
 
@@ -256,8 +263,3 @@ def check_lines(cal: Calibration) -> list[str]:
             mu = "kernel's" if fit.bag_weight is None else f"{fit.bag_weight:.3g}"
             lines.append(f"  {kind} unit refitted: κ {kappa}, μ {mu}")
     return lines
-
-
-def unmeasured_note(unmeasured: Sequence[str]) -> str:
-    """How a held-out check names what only its own profile ran."""
-    return f"no other profile ran its {', '.join(unmeasured)}"

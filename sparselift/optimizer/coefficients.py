@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sparselift.calibration import (
@@ -27,8 +28,10 @@ from sparselift.calibration import (
     DENSE_OPTIMIZER,
     UNITS,
     Calibration,
+    HeldOut,
     lookup_unit,
 )
+from sparselift.calibration_parts import unmeasured_note
 from sparselift.kernels import (
     CPU_CALL_S,
     CPU_DIST_B_S,
@@ -106,6 +109,8 @@ class Coefficients:
     # the calibration's largest leave-one-out error, |predicted − measured| ÷ measured over its
     # profiles: how well the model predicts a plan it was not fitted on (None: not measured)
     held_out_error: float | None = None
+    # which profile that error is of, and what only it ran ("" where not measured)
+    held_out_by: str = ""
     # False where the profiles that measured the pipeline's overlap measured it no faster (at
     # the low end of its interval): then it is not chosen, whatever its overlap prices
     pipeline_pays: bool = True
@@ -355,10 +360,11 @@ def coefficients(
         measured = measured.with_evidence(
             ASSUMED, f"timed stand-alone in {origin}; no split plan's steps timed them", split
         )
-    held = max((abs(h.error) for h in cal.held_out), default=None)
+    worst = max(cal.held_out, key=lambda h: abs(h.error), default=None)
     return measured.replace(
         profiled_types=profiled,
-        held_out_error=held,
+        held_out_error=None if worst is None else abs(worst.error),
+        held_out_by="" if worst is None else held_out_label(worst),
         pipeline_pays=pays,
         qcomm_net_s=qcomm.b_s if "quantize_b_s" in kw and qcomm is not None else None,
     )
@@ -366,3 +372,10 @@ def coefficients(
 
 PIPELINE_NAMES = ("pipeline_overlap", "pipeline_overhead_s")
 SPLIT_COST_NAMES = ("batch_transform", "recombine_b_s")  # what a split model adds to a step
+
+
+def held_out_label(h: HeldOut) -> str:
+    """A held-out check named for a planning note: its profile's directory name, and what no
+    other profile ran."""
+    name = Path(h.profile).name or h.profile
+    return name + (f", where {unmeasured_note(h.unmeasured)}" if h.unmeasured else "")

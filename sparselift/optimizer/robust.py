@@ -362,5 +362,6 @@ def margin_for_splits(
     if given is not None:
         return given, "--split-margin"
     if coeffs.held_out_error is not None:
-        return coeffs.held_out_error, "the calibration's largest leave-one-out error"
+        of = f", of {coeffs.held_out_by}" if coeffs.held_out_by else ""
+        return coeffs.held_out_error, f"the calibration's largest leave-one-out error{of}"
     return min_gain, "--min-gain: no leave-one-out error measured"
