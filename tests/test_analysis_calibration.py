@@ -103,6 +103,10 @@ def test_the_tables_allreduce_call_is_told_from_its_bytes_where_sizes_differ():
     # larger calls no dearer (ranks sharing cores wait out their latency): a call's price only
     flat = dp_allreduce_fit(_allreduces({30e3: [6.0], 60e3: [5.0], 1e6: [5.5]}))
     assert flat.b_s == 0.0 and flat.a_s == pytest.approx(5.5e-3)
+    # a size whose calls were never timed is left out; none timed at all: no fit
+    untimed = _allreduces({30e3: [5.06], 1e6: [7.0], 5e6: [float("nan")]})
+    assert dp_allreduce_fit(untimed).a_s == pytest.approx(5e-3)
+    assert dp_allreduce_fit(_allreduces({1e6: [float("nan")]})) is None
 
 
 def test_one_size_prices_a_small_tables_call_and_a_large_tables_bytes_at_the_most():

@@ -132,9 +132,9 @@ def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
     dp = nodes[
         (nodes["kind"] == "dp_allreduce") & (nodes["part"] == "collective") & (nodes["bytes"] > 0)
     ]
-    if dp.empty:
+    per_size = dp["transfer_s"].fillna(dp["dur_s"]).groupby(dp["bytes"]).median().dropna()
+    if per_size.empty:  # no such call, or none timed
         return None
-    per_size = dp["transfer_s"].fillna(dp["dur_s"]).groupby(dp["bytes"]).median()
     sizes = per_size.index.to_numpy(dtype=np.float64)
     seconds = per_size.to_numpy(dtype=np.float64)
     rate = float(seconds.sum() / sizes.sum())
