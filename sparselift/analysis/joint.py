@@ -41,7 +41,11 @@ from sparselift.analysis.precision_fit import (
 from sparselift.analysis.recombine_fit import RECOMBINE
 from sparselift.analysis.step_model import dense_fit, fit_of, sparse_at_target, with_rs_kinds
 from sparselift.analysis.transform_fit import TRANSFORM
-from sparselift.analysis.type_overhead import DenseFit, model_parallel_types
+from sparselift.analysis.type_overhead import (
+    DenseFit,
+    model_parallel_types,
+    profiled_sharding_types,
+)
 from sparselift.calibration import (
     A2A_KIND,
     UNITS,
@@ -146,11 +150,7 @@ def held_out(evidence: list[ProfileEvidence], i: int, level: float = 1.0) -> Hel
 def plan_options(manifest: Mapping[str, Any]) -> set[str]:
     """The options a profile's plan ran that a calibration prices from measurements of them:
     its sharding types (as "<type> tables"), 16-bit comm and split tables."""
-    out = {
-        f"{e['sharding_type']} tables"
-        for e in manifest.get("sharding") or []
-        if isinstance(e, Mapping) and isinstance(e.get("sharding_type"), str)
-    }
+    out = {f"{t} tables" for t in profiled_sharding_types([manifest])}
     if any(p != "fp32" for p in precision_of(dict(manifest)).values()):
         out.add("16-bit comm")
     if manifest.get("splits"):
