@@ -225,7 +225,7 @@ class Calibration:
 
 def lookup_unit(ops: Mapping[str, OpFit]) -> LookupUnit:
     """The CPU lookup unit that the lookup fits among `ops` count x in: the kernel benchmark's
-    weights where a fit did not refit them."""
+    weights (and no footprint term) where a fit did not refit them."""
     kw: dict[str, float] = {}
     for kind, side in (("lookup_fwd", "fwd"), ("lookup_bwd", "bwd")):
         fit = ops.get(kind)
@@ -233,6 +233,8 @@ def lookup_unit(ops: Mapping[str, OpFit]) -> LookupUnit:
             kw[f"unique_{side}"] = fit.unique_weight
         if fit is not None and fit.bag_weight is not None:
             kw[f"bag_{side}"] = fit.bag_weight
+        if fit is not None and fit.footprint_weight is not None:
+            kw[f"footprint_{side}"] = fit.footprint_weight
     return LookupUnit(**kw)
 
 

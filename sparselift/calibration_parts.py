@@ -41,6 +41,9 @@ class OpFit:
         sync_s: distributions: the step's expected wait per call for ranks arriving at random.
         unique_weight, bag_weight: CPU lookups: the work unit's κ and μ (`kernels.LookupUnit`)
             where the calibration refitted them; None: the kernel benchmark's.
+        footprint_weight: CPU lookups: the work unit's φ (ids a distinct row costs more per
+            doubling of its shard past `kernels.FOOTPRINT_FLOOR_BYTES`) where the calibration
+            measured it; None: no such term.
         dense_scale: lookup_bwd: the data-parallel tables' backward (the dense TBE's, without a
             fused optimizer) per unit of work, as a multiple of b_s; None where no profile ran
             data-parallel tables.
@@ -56,6 +59,7 @@ class OpFit:
     sync_s: float = 0.0
     unique_weight: float | None = None
     bag_weight: float | None = None
+    footprint_weight: float | None = None
     dense_scale: float | None = None
 
     def cost(self, x: float, calls: float = 1.0) -> float:
@@ -138,9 +142,17 @@ def read_op_fit(kind: Any, op: Any, where: str) -> OpFit:
     at = f"op {kind!r}: "
     x = optional(op, "x", str, where, at)
     n = optional(op, "n", int, where, at)
-    r2, overlap, calls, unique_w, bag_w, dense_scale = (
+    r2, overlap, calls, unique_w, bag_w, footprint_w, dense_scale = (
         optional_number(op, k, where, at)
-        for k in ("r2", "overlap", "calls", "unique_weight", "bag_weight", "dense_scale")
+        for k in (
+            "r2",
+            "overlap",
+            "calls",
+            "unique_weight",
+            "bag_weight",
+            "footprint_weight",
+            "dense_scale",
+        )
     )
     sync_s = optional_seconds(op, "sync_s", where, at)
     return OpFit(
@@ -154,6 +166,7 @@ def read_op_fit(kind: Any, op: Any, where: str) -> OpFit:
         sync_s=0.0 if sync_s is None else sync_s,
         unique_weight=unique_w,
         bag_weight=bag_w,
+        footprint_weight=footprint_w,
         dense_scale=dense_scale,
     )
 

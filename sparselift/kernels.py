@@ -42,20 +42,37 @@ def both_ends(device: str) -> bool:
 # κ: one distinct row costs κ ids; μ: one pooled output element costs μ ids (FBGEMM, one CPU thread)
 CPU_UNIQUE_WEIGHT = {"lookup_fwd": 5.0, "lookup_bwd": 41.0}
 CPU_BAG_WEIGHT = {"lookup_fwd": 0.22, "lookup_bwd": 0.06}
+# A distinct row costs more the larger its shard (caches, TLB): φ ids more for each doubling of the
+# shard past FOOTPRINT_FLOOR_BYTES. Only a calibration measures φ (none: no such term). The floor is
+# assumed: how well φ explains profiles' lookups hardly changes between 8 and 32 MiB.
+FOOTPRINT_FLOOR_BYTES = 16 << 20
+
+
+def footprint_doublings(nbytes: float) -> float:
+    """How many times a shard of `nbytes` doubles FOOTPRINT_FLOOR_BYTES (0 at or below it)."""
+    return math.log2(nbytes / FOOTPRINT_FLOOR_BYTES) if nbytes > FOOTPRINT_FLOOR_BYTES else 0.0
 
 
 @dataclass(frozen=True)
 class LookupUnit:
-    """The CPU work unit's weights: one distinct row costs κ ids, one pooled element μ ids.
+    """The CPU work unit's weights: one distinct row costs κ ids, one pooled element μ ids, and a
+    distinct row φ ids more for each doubling of its shard past FOOTPRINT_FLOOR_BYTES.
 
-    The defaults are the kernel benchmark's; a calibration that can tell the terms apart (calls of
-    several plans mix ids, distinct rows and bags differently) refits them for the profiled host.
+    κ and μ default to the kernel benchmark's, φ to 0 (no footprint term); a calibration that can
+    tell the terms apart (calls of several plans mix ids, distinct rows, bags and shard sizes
+    differently) refits them for the profiled host.
     """
 
     unique_fwd: float = CPU_UNIQUE_WEIGHT["lookup_fwd"]
     unique_bwd: float = CPU_UNIQUE_WEIGHT["lookup_bwd"]
     bag_fwd: float = CPU_BAG_WEIGHT["lookup_fwd"]
     bag_bwd: float = CPU_BAG_WEIGHT["lookup_bwd"]
+    footprint_fwd: float = 0.0
+    footprint_bwd: float = 0.0
+
+    def footprint(self, kind: str) -> float:
+        """φ of lookup kind "lookup_fwd" or "lookup_bwd" (another kind: the backward's)."""
+        return self.footprint_fwd if kind == "lookup_fwd" else self.footprint_bwd
 
     def weights(self, kind: str) -> tuple[float, float]:
         """(κ, μ) of lookup kind "lookup_fwd" or "lookup_bwd".
@@ -107,6 +124,7 @@ def lookup_work(
     dim: float,
     bag_elems: float = 0.0,
     unit: LookupUnit = KERNEL_UNIT,
+    far: float = 0.0,
 ) -> float:
     """Units of work of one lookup call, the unit its time is fitted per.
 
@@ -118,6 +136,7 @@ def lookup_work(
         dim: the rows' width (CUDA only).
         bag_elems: pooled output elements written (bags × dim, summed over the call's tables).
         unit: the CPU unit's weights (the kernel benchmark's unless a calibration refitted them).
+        far: distinct rows, each times its shard's `footprint_doublings` (CPU only).
     Returns:
         The work units.
     Raises:
@@ -126,7 +145,7 @@ def lookup_work(
     if device == "cuda":  # read the ids (8 B = 2 elements), gather rows (32 lanes at least), bags
         return gpu_row_penalty(dim) * (ids * (2.0 + max(dim, 32.0)) + bag_elems)
     kappa, mu = unit.weights(kind)
-    return ids + kappa * unique + mu * bag_elems
+    return ids + kappa * unique + mu * bag_elems + unit.footprint(kind) * far
 
 
 def expected_unique(rows: int, alpha: float, draws: float) -> float:

@@ -63,7 +63,7 @@ def _evidence(
             x = ids + KERNEL_UNIT.unique_fwd * uniq + KERNEL_UNIT.bag_fwd * bags
             noise = 1 + rng.normal(0, 0.003)
             rows.append(
-                (r, step, "lookup_fwd", g, x, y * noise, 0, 0, len(groups), 1, ids, uniq, bags)
+                (r, step, "lookup_fwd", g, x, y * noise, 0, 0, len(groups), 1, ids, uniq, bags, 0)
             )
             dist_y = DIST_A + DIST_B * sent[g]
             wait = 0.0 if r == 0 else 1e-4 * r
@@ -403,7 +403,7 @@ def _output_dist(name: str, seed: int, b_s: float, precision: str) -> ProfileEvi
             x = rng.uniform(1e5, 3e6)  # a collective: every rank moves as much
             y = DIST_A + b_s * x
             for r in range(2):
-                rows.append((r, step, "output_dist_fwd", g, x, y, 0.0, 0, 2, 1, 0, 0, 0))
+                rows.append((r, step, "output_dist_fwd", g, x, y, 0.0, 0, 2, 1, 0, 0, 0, 0))
     calls = pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
     step_s = calls.groupby(["step", "rank"])["y"].sum().groupby("step").max() + DENSE
     manifest = {

@@ -842,7 +842,9 @@ def test_a_sample_of_two_collections_calls_is_fitted_as_two_calls():
         for group, n_calls, x in ((TW, 2, 3e6 + 4e5 * step), (RW, 1, 1e6 + 3e5 * step)):
             y = a_s * n_calls + b_s * x
             for rank in range(2):
-                rows.append((rank, step, "input_dist", group, x, y, 0.0, 0.0, 3, n_calls, 0, 0, 0))
+                rows.append(
+                    (rank, step, "input_dist", group, x, y, 0.0, 0.0, 3, n_calls, 0, 0, 0, 0)
+                )
     fit = fit_ops(pd.DataFrame(rows, columns=SAMPLE_COLUMNS))["input_dist"]
     assert (fit.a_s, fit.b_s) == pytest.approx((a_s, b_s), rel=1e-6)
     assert fit.r2 == pytest.approx(1.0)

@@ -158,7 +158,14 @@ def _evidence(name: str, per_rank_scale: list[float]) -> ProfileEvidence:
     """A 2-rank profile of `_calls`, its steps the slower rank's lookups plus 10 ms."""
     calls = _calls(per_rank_scale)
     calls = calls.assign(
-        wait=0.0, transfer=0.0, calls=1, n_calls=1, ids=calls["x"], unique=0.0, bag_elems=0.0
+        wait=0.0,
+        transfer=0.0,
+        calls=1,
+        n_calls=1,
+        ids=calls["x"],
+        unique=0.0,
+        bag_elems=0.0,
+        far=0.0,
     )[SAMPLE_COLUMNS]
     step_s = pd.Series(0.01 + 2e-3 * max(per_rank_scale), index=range(4))
     manifest = {"world_size": 2, "device": "cpu", "backend": "gloo", "batch_size": 64}

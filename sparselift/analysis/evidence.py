@@ -29,6 +29,7 @@ from sparselift.analysis.recombine_fit import RecombineSample, recombine_samples
 from sparselift.analysis.samples import (
     LOOKUPS,
     SAMPLE_COLUMNS,
+    X_PARTS,
     LookupContext,
     call_samples,
     lookup_context,
@@ -153,7 +154,7 @@ def rank_calls(nodes: pd.DataFrame, ctx: RankEvidenceContext) -> pd.DataFrame:
     if look.any():
         parts = lookup_parts(nodes[look], ctx.lookups, ctx.world_size)
         nodes.loc[look, "x"] = lookup_work_of(parts, nodes.loc[look, "kind"], ctx.device)
-        nodes.loc[look, ["ids", "unique", "bag_elems"]] = parts[["ids", "unique", "bag_elems"]]
+        nodes.loc[look, list(X_PARTS)] = parts[list(X_PARTS)]
     return call_samples(nodes, ctx.world_size, transfer=False)
 
 
@@ -223,7 +224,7 @@ def gather_evidence(
         calls = with_plan_bytes(calls, dist_bytes(access, plan_tables, manifest))
     dp = nodes[(nodes["kind"] == "dp_allreduce") & nodes["step"].isin(quiet)]
     if nodes["kind"].isin(LOOKUPS).any():  # the columns the lookups' parts add to every node
-        dp = dp.assign(unique=np.nan, bag_elems=np.nan)
+        dp = dp.assign(unique=np.nan, bag_elems=np.nan, far=np.nan)
     other = (
         nodes[
             (nodes["kind"] == "dense_other")

@@ -47,7 +47,7 @@ from sparselift.analysis.rank_spread import (
     lookups_by_rank,
 )
 from sparselift.analysis.recombine_fit import RECOMBINE, fit_recombine
-from sparselift.analysis.samples import lookup_work_of, n_calls_of
+from sparselift.analysis.samples import X_PARTS, lookup_work_of, n_calls_of
 from sparselift.analysis.split_cost_fit import recombine_in_step, step_records, transform_in_step
 from sparselift.analysis.step_model import dense_fit, with_rs_kinds
 from sparselift.analysis.transform_fit import TRANSFORM, fit_transform
@@ -150,7 +150,7 @@ def fit_ops(
     for kind, samples in calls.groupby("kind"):
         prior = (fixed or {}).get(kind)
         lookup = kind.startswith("lookup")
-        weights: tuple[float | None, float | None] = (None, None)
+        weights: tuple[float | None, float | None, float | None] = (None, None, None)
         one = per_call(samples)
         dense = dense_backward(samples) if kind == "lookup_bwd" else None
         if dense is not None and (dense.all() or not dense.any()):
@@ -158,12 +158,12 @@ def fit_ops(
         if dense is not None:  # the fused kernels' line, without the dense groups
             one = per_call(samples[~dense])
         if lookup:
-            cols = ["x", "y", "ids", "unique", "bag_elems"]
+            cols = ["x", "y", *X_PARTS]
             med = one.groupby(["profile", "rank", "group"])[cols].median()
             unit = refit_unit(med, *KERNEL_UNIT.weights(kind)) if device == "cpu" else None
             if unit is not None:
-                weights = (unit.kappa, unit.mu)
-                refitted = _unit_with(kind, unit.kappa, unit.mu)
+                weights = (unit.kappa, unit.mu, unit.phi)
+                refitted = _unit_with(kind, *weights)
                 samples = samples.assign(
                     x=lookup_work_of(samples, samples["kind"], "cpu", refitted)
                 )
@@ -200,6 +200,7 @@ def fit_ops(
             sync_s=0.0 if lookup else sync_wait(one),
             unique_weight=weights[0],
             bag_weight=weights[1],
+            footprint_weight=weights[2],
             dense_scale=scale,
         )
     return ops
@@ -212,18 +213,19 @@ def per_call(calls: pd.DataFrame) -> pd.DataFrame:
     if (n == 1).all():
         return calls
     out = calls.copy()
-    cols = [c for c in ("x", "y", "wait", "transfer", "ids", "unique", "bag_elems") if c in out]
+    cols = [c for c in ("x", "y", "wait", "transfer", *X_PARTS) if c in out]
     out[cols] = out[cols].div(n, axis=0)
     return out
 
 
-def _unit_with(kind: str, kappa: float | None, mu: float | None) -> LookupUnit:
-    """The kernel's unit with kind's κ and μ replaced where refitted."""
+def _unit_with(kind: str, kappa: float | None, mu: float | None, phi: float | None) -> LookupUnit:
+    """The kernel's unit with kind's κ, μ and φ replaced where refitted."""
     k0, m0 = KERNEL_UNIT.weights(kind)
     k, m = k0 if kappa is None else kappa, m0 if mu is None else mu
+    f = KERNEL_UNIT.footprint(kind) if phi is None else phi
     if kind == "lookup_fwd":
-        return LookupUnit(unique_fwd=k, bag_fwd=m)
-    return LookupUnit(unique_bwd=k, bag_bwd=m)
+        return LookupUnit(unique_fwd=k, bag_fwd=m, footprint_fwd=f)
+    return LookupUnit(unique_bwd=k, bag_bwd=m, footprint_bwd=f)
 
 
 def sync_wait(calls: pd.DataFrame) -> float:

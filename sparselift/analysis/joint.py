@@ -258,8 +258,11 @@ def check_lines(cal: Calibration) -> list[str]:
         )
     for kind in ("lookup_fwd", "lookup_bwd"):
         fit = cal.ops.get(kind)
-        if fit is not None and (fit.unique_weight is not None or fit.bag_weight is not None):
-            kappa = "kernel's" if fit.unique_weight is None else f"{fit.unique_weight:.3g}"
-            mu = "kernel's" if fit.bag_weight is None else f"{fit.bag_weight:.3g}"
-            lines.append(f"  {kind} unit refitted: κ {kappa}, μ {mu}")
+        weights = (fit.unique_weight, fit.bag_weight, fit.footprint_weight) if fit else (None,)
+        if any(w is not None for w in weights):
+            kappa, mu, phi = (
+                default if w is None else f"{w:.3g}"
+                for w, default in zip(weights, ("kernel's", "kernel's", "none"), strict=True)
+            )
+            lines.append(f"  {kind} unit refitted: κ {kappa}, μ {mu}, φ {phi}")
     return lines

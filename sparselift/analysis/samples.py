@@ -19,7 +19,14 @@ import numpy as np
 import pandas as pd
 
 from sparselift.analysis.ordered import group_codes, ordered_sums
-from sparselift.kernels import KERNEL_UNIT, LookupUnit, expected_unique, lookup_work
+from sparselift.kernels import (
+    FLOAT_BYTES,
+    KERNEL_UNIT,
+    LookupUnit,
+    expected_unique,
+    footprint_doublings,
+    lookup_work,
+)
 
 LOOKUPS = ("lookup_fwd", "lookup_bwd")
 DIST = ("input_dist", "output_dist_fwd", "output_dist_bwd")
@@ -37,6 +44,7 @@ SAMPLE_COLUMNS = [
     "ids",
     "unique",
     "bag_elems",
+    "far",
 ]
 
 
@@ -63,7 +71,8 @@ def sent_bytes(coll: pd.DataFrame, world_size: int) -> pd.Series:
     return coll["bytes"].astype(float) * factor
 
 
-LOOKUP_PARTS = ["ids", "unique", "bag_elems", "dim"]
+X_PARTS = ("ids", "unique", "bag_elems", "far")  # the parts of a lookup's work units
+LOOKUP_PARTS = [*X_PARTS, "dim"]
 
 
 @dataclass(frozen=True)
@@ -135,11 +144,12 @@ def lookup_parts(nodes: pd.DataFrame, ctx: LookupContext | None, world_size: int
     dims = x_col / ids_col.clip(lower=1)
     if ctx is None:
         return pd.DataFrame(
-            {"ids": ids_col, "unique": 0.0, "bag_elems": 0.0, "dim": dims}, index=look.index
+            {"ids": ids_col, "unique": 0.0, "bag_elems": 0.0, "far": 0.0, "dim": dims},
+            index=look.index,
         )
     rows_out = []
     for rank, tables in zip(look["rank"], look["tables"].fillna(""), strict=True):
-        unique = bag_elems = 0.0
+        unique = bag_elems = far = 0.0
         for t in filter(None, str(tables).split(",")):
             if t not in ctx.meta:
                 continue
@@ -149,15 +159,19 @@ def lookup_parts(nodes: pd.DataFrame, ctx: LookupContext | None, world_size: int
             if st == "data_parallel":
                 ids = float(ctx.ids_per_rank.get((t, rank), 0.0))
                 bags = float(batch)
-                unique += expected_unique(n, alpha, ids)
+                u = expected_unique(n, alpha, ids)
             else:
                 share = min(1.0, float(rows) / n)
                 ids = float(ctx.ids_per_table.get(t, 0.0)) * share
                 bags = float(batch) * world_size
-                unique += expected_unique(n, alpha, float(ctx.ids_per_table.get(t, 0.0))) * share
+                u = expected_unique(n, alpha, float(ctx.ids_per_table.get(t, 0.0))) * share
+            unique += u
+            far += u * footprint_doublings(float(rows) * float(cols) * FLOAT_BYTES)
             bag_elems += (ids if t in ctx.sequence else bags) * float(cols)
-        rows_out.append((unique, bag_elems))
-    parts = pd.DataFrame(rows_out, columns=["unique", "bag_elems"], index=look.index, dtype=float)
+        rows_out.append((unique, bag_elems, far))
+    parts = pd.DataFrame(
+        rows_out, columns=["unique", "bag_elems", "far"], index=look.index, dtype=float
+    )
     parts.insert(0, "ids", ids_col)
     parts["dim"] = dims
     return parts[LOOKUP_PARTS]
@@ -178,11 +192,12 @@ def lookup_work_of(
         Work units, indexed like `parts`.
     """
     dims = parts["dim"] if "dim" in parts else pd.Series(0.0, index=parts.index)
+    far = parts["far"] if "far" in parts else pd.Series(0.0, index=parts.index)
     return pd.Series(
         [
-            lookup_work(k, device, i, u, d, b, unit)
-            for k, i, u, b, d in zip(
-                kinds, parts["ids"], parts["unique"], parts["bag_elems"], dims, strict=True
+            lookup_work(k, device, i, u, d, b, unit, f)
+            for k, i, u, b, f, d in zip(
+                kinds, parts["ids"], parts["unique"], parts["bag_elems"], far, dims, strict=True
             )
         ],
         index=parts.index,
@@ -209,8 +224,8 @@ def call_samples(nodes: pd.DataFrame, world_size: int, transfer: bool = True) ->
         also `wait` (main-thread wait), `transfer` (the collectives' transfer time, for the
         overlap share), `n_calls` (the sample's calls: the collections whose nodes of the group
         it adds up, at least 1), `calls` (the step's calls of that kind) and, for lookups, the
-        parts of x (`ids`, `unique`, `bag_elems`: 0 where the nodes do not carry them). Sums add
-        the nodes in node order, as `Series.sum` does.
+        parts of x (X_PARTS: 0 where the nodes do not carry them). Sums add the nodes in node
+        order, as `Series.sum` does.
     """
     n = nodes[nodes["kind"].isin((*LOOKUPS, *DIST))]
     rows: list[dict[str, Any]] = []
@@ -227,7 +242,7 @@ def call_samples(nodes: pd.DataFrame, world_size: int, transfer: bool = True) ->
         part = n["part"].to_numpy(dtype=object)[order].tolist()
         # NaN counts as 0, as `Series.sum` skips it
         num = {"dur_s": n["dur_s"].fillna(0), "x": n["x"].fillna(0), "sent": sent}
-        parts = [c for c in ("ids", "unique", "bag_elems") if c in n]
+        parts = [c for c in X_PARTS if c in n]
         num.update({c: n[c].fillna(0) for c in parts})
         val = {c: np.asarray(v, dtype=np.float64)[order] for c, v in num.items()}
         bounds = np.flatnonzero(np.diff(codes[order])) + 1
@@ -264,7 +279,7 @@ def _samples_of(
         y = _sum(val["dur_s"], m) + (shared / len(groups) if sh != "*" else 0.0)
         x = _sum(val["x"], m) if look else _sum(val["sent"], c)
         wait = _sum(val["dur_s"], [i for i in m if part[i] == "wait"])
-        pieces = {p: _sum(val[p], m) if look and p in parts else 0.0 for p in LOOKUP_PARTS[:3]}
+        pieces = {p: _sum(val[p], m) if look and p in parts else 0.0 for p in X_PARTS}
         out.append(
             dict(
                 rank=rank,

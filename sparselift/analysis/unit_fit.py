@@ -1,10 +1,13 @@
-"""Refit the CPU lookup unit's weights (κ per distinct row, μ per pooled element) from calls.
+"""Refit the CPU lookup unit's weights (κ per distinct row, μ per pooled element, φ per distinct
+row and doubling of its shard past the footprint floor) from calls.
 
-A CPU lookup call costs a + b · (ids + κ · unique + μ · bag_elems) (`sparselift.kernels`). One
-profile's calls mostly scale all three parts together, so their weights stay the kernel
-benchmark's. Calls of several plans mix them differently (a row-wise shard splits the distinct
-rows but writes every rank's bags; a table-wise one keeps all of a table's rows), and then the
-linear model y = a + b₁·ids + b₂·unique + b₃·bag_elems tells them apart: κ = b₂/b₁, μ = b₃/b₁.
+A CPU lookup call costs a + b · (ids + κ · unique + μ · bag_elems + φ · far)
+(`sparselift.kernels`). One profile's calls mostly scale all the parts together, so their
+weights stay the kernel benchmark's (φ: none). Calls of several plans mix them differently (a
+row-wise shard splits the distinct rows but writes every rank's bags; a table-wise one keeps all
+of a table's rows; large and small tables share ranks differently), and then the linear model
+y = a + b₁·ids + b₂·unique + b₃·bag_elems + b₄·far tells them apart: κ = b₂/b₁, μ = b₃/b₁,
+φ = b₄/b₁.
 A weight is taken only when the data determine it: every coefficient non-negative and each
 ratio's relative standard error at most MAX_REL_SE; otherwise the kernel's weight stands.
 """
@@ -31,6 +34,8 @@ class UnitFit:
         kappa: ids one distinct row costs; None when the data do not determine it.
         mu: ids one pooled element costs; None when the data do not determine it.
         n: samples fitted on.
+        phi: ids a distinct row costs more per doubling of its shard past the footprint floor
+            (`kernels.LookupUnit`); None when the data do not determine it.
     """
 
     a_s: float
@@ -38,6 +43,7 @@ class UnitFit:
     kappa: float | None
     mu: float | None
     n: int
+    phi: float | None = None
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -73,39 +79,41 @@ def _ratio_se(coef: np.ndarray, cov: np.ndarray, i: int, j: int) -> float:
 
 
 def refit_unit(samples: pd.DataFrame, kappa0: float, mu0: float) -> UnitFit | None:
-    """Fit y = a + b·(ids + κ·unique + μ·bag_elems) over lookup calls of one kind.
+    """Fit y = a + b·(ids + κ·unique + μ·bag_elems + φ·far) over lookup calls of one kind.
 
     Args:
         samples: one row per call (medians per profile, rank and group): `y`, `ids`, `unique`,
-            `bag_elems`.
-        kappa0, mu0: the kernel's weights, kept for a weight the data do not determine.
+            `bag_elems` and optionally `far` (distinct rows times their shards' doublings past
+            `kernels.FOOTPRINT_FLOOR_BYTES`).
+        kappa0, mu0: the kernel's weights, kept for a weight the data do not determine (φ: 0).
     Returns:
-        The fit, with κ and/or μ where determined; None when neither is (the caller keeps the
-        kernel's unit and its own line fit).
+        The fit, with κ, μ and/or φ where determined (the most weights the data determine, in
+        that order of preference); None when none is (the caller keeps the kernel's unit and its
+        own line fit).
     """
     y = samples["y"].to_numpy(float)
-    parts = samples[["ids", "unique", "bag_elems"]].to_numpy(float)
+    far = samples["far"] if "far" in samples else pd.Series(0.0, index=samples.index)
+    parts = np.column_stack([samples[["ids", "unique", "bag_elems"]].to_numpy(float), far])
     if len(y) == 0 or not np.any(parts[:, 0] > 0):
         return None
-    for free in ((True, True), (True, False), (False, True)):
-        fit = _try(y, parts, free, kappa0, mu0)
-        if fit is not None:
-            return fit
+    for size in (3, 2, 1):
+        for free in itertools.combinations(range(3), size):
+            fit = _try(y, parts, free, (kappa0, mu0, 0.0))
+            if fit is not None:
+                return fit
     return None
 
 
 def _try(
-    y: np.ndarray, parts: np.ndarray, free: tuple[bool, bool], kappa0: float, mu0: float
+    y: np.ndarray, parts: np.ndarray, free: tuple[int, ...], prior: tuple[float, float, float]
 ) -> UnitFit | None:
-    """The fit with κ (free[0]) and μ (free[1]) estimated, the others at the kernel's weights."""
-    ids, unique, bags = parts.T
-    base = ids + (0.0 if free[0] else kappa0) * unique + (0.0 if free[1] else mu0) * bags
-    cols = [np.ones(len(y)), base]
-    if free[0]:
-        cols.append(unique)
-    if free[1]:
-        cols.append(bags)
-    x = np.column_stack(cols)
+    """The fit with the weights at indices `free` (0 κ, 1 μ, 2 φ) estimated, the others at
+    `prior`."""
+    ids, weighted = parts[:, 0], parts[:, 1:]
+    fixed = [w for i, w in enumerate(prior) if i not in free]
+    rest = [i for i in range(3) if i not in free]
+    base = ids + (weighted[:, rest] @ np.asarray(fixed) if rest else 0.0)
+    x = np.column_stack([np.ones(len(y)), base, weighted[:, list(free)]])
     if len(y) < x.shape[1] + MIN_DOF:
         return None
     scale = np.abs(x).max(axis=0)
@@ -119,10 +127,9 @@ def _try(
     resid = y - x @ coef
     sigma2 = float(resid @ resid) / (len(y) - x.shape[1])
     cov = sigma2 * np.linalg.inv(x.T @ x)
-    extra = list(range(2, x.shape[1]))
-    if any(_ratio_se(coef, cov, i, 1) > MAX_REL_SE for i in extra):
+    if any(_ratio_se(coef, cov, i, 1) > MAX_REL_SE for i in range(2, x.shape[1])):
         return None
-    it = iter(coef[2:])
-    kappa = float(next(it) / coef[1]) if free[0] else None
-    mu = float(next(it) / coef[1]) if free[1] else None
-    return UnitFit(float(coef[0]), float(coef[1]), kappa, mu, len(y))
+    weight = dict(zip(free, (float(c / coef[1]) for c in coef[2:]), strict=True))
+    return UnitFit(
+        float(coef[0]), float(coef[1]), weight.get(0), weight.get(1), len(y), weight.get(2)
+    )

@@ -16,6 +16,7 @@ from sparselift.kernels import (
     LENGTH_BYTES,
     LookupUnit,
     both_ends,
+    footprint_doublings,
     lookup_work,
     ring_allreduce_bytes,
 )
@@ -157,11 +158,13 @@ def _sparselift_counts(
 
     unique = t.unique
 
-    def work(ids: float, uniq: float, cols: float, bags: float = W * B) -> dict[str, float]:
-        dev = topo.device
+    def work(
+        ids: float, uniq: float, rows: float, cols: float, bags: float = W * B
+    ) -> dict[str, float]:
+        dev, far = topo.device, uniq * footprint_doublings(rows * cols * FLOAT_BYTES)
         return dict(
-            fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols, bags * cols, unit),
-            bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols, bags * cols, unit),
+            fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols, bags * cols, unit, far),
+            bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols, bags * cols, unit, far),
         )
 
     zero = Counts()
@@ -172,7 +175,7 @@ def _sparselift_counts(
         own = Counts(
             lookup_x=B * p * d,
             dense_grad_x=N * d,
-            **work(B * p, unique(B * p), d, B * rows_out),
+            **work(B * p, unique(B * p), N, d, B * rows_out),
             ar_intra=ring if topo.num_hosts == 1 else 0.0,
             ar_inter=ring if topo.num_hosts > 1 else 0.0,
             hbm=hbm + (grad if gpu else 0.0),
@@ -198,7 +201,7 @@ def _sparselift_counts(
             dense_grad_x=dense_x,
             hbm=hbm,
             ddr=ddr,
-            **work(W * B * p, unique(W * B * p), cols, W * B * rows_out),
+            **work(W * B * p, unique(W * B * p), N, cols, W * B * rows_out),
         )
         # on gloo the other ranks of the host pay too: their ids out, the outputs and grads
         peer = Counts(ids_intra=idb, out_fwd_intra=out, out_bwd_intra=out) if copies else zero
@@ -221,7 +224,7 @@ def _sparselift_counts(
             dense_grad_x=dense_x,
             hbm=hbm,
             ddr=ddr,
-            **work(B * p, unique(W * B * p) / W, d, B * p if t.sequence else W * B),
+            **work(B * p, unique(W * B * p) / W, N / W, d, B * p if t.sequence else W * B),
         )
         # gloo has no reduce-scatter: a ring all-reduce of the whole W·B·d pooled output
         if not gpu and not t.sequence:
@@ -240,7 +243,7 @@ def _sparselift_counts(
             ids_intra=idb * (L - 1) / L * (2.0 if copies else 1.0),
             lookup_x=lx,
             miss_x=miss(lx),
-            **work(W * B * p / L, unique(W * B * p) / L, d),
+            **work(W * B * p / L, unique(W * B * p) / L, N / L, d),
             out_fwd_intra=fwd_intra,
             out_fwd_inter=fwd_inter,
             out_bwd_intra=fwd_intra,
