@@ -18,6 +18,7 @@ from sparselift.jsonfile import (
     MAX_SECONDS,
     is_number,
     optional,
+    optional_bool,
     optional_number,
     optional_seconds,
     strings,
@@ -44,6 +45,8 @@ class OpFit:
         footprint_weight: CPU lookups: the work unit's φ (ids a distinct row costs more per
             doubling of its shard past `kernels.FOOTPRINT_FLOOR_BYTES`) where the calibration
             measured it; None: no such term.
+        bound: the fit's terms are each the most the calls allow, not told apart (dp_allreduce
+            profiled at one call size: `analysis.dense_backward.dp_allreduce_fit`).
         dense_scale: lookup_bwd: the data-parallel tables' backward (the dense TBE's, without a
             fused optimizer) per unit of work, as a multiple of b_s; None where no profile ran
             data-parallel tables.
@@ -61,6 +64,7 @@ class OpFit:
     bag_weight: float | None = None
     footprint_weight: float | None = None
     dense_scale: float | None = None
+    bound: bool = False
 
     def cost(self, x: float, calls: float = 1.0) -> float:
         """Exposed seconds of `calls` calls that handle `x` units in all, never negative."""
@@ -155,6 +159,7 @@ def read_op_fit(kind: Any, op: Any, where: str) -> OpFit:
         )
     )
     sync_s = optional_seconds(op, "sync_s", where, at)
+    bound = optional_bool(op, "bound", f"{where}: {at[:-2]}")
     return OpFit(
         x="" if x is None else x,
         a_s=float(op["a_s"]),
@@ -168,6 +173,7 @@ def read_op_fit(kind: Any, op: Any, where: str) -> OpFit:
         bag_weight=bag_w,
         footprint_weight=footprint_w,
         dense_scale=dense_scale,
+        bound=bool(bound),
     )
 
 

@@ -100,6 +100,7 @@ def test_the_tables_allreduce_call_is_told_from_its_bytes_where_sizes_differ():
     # 2 ns a byte: the line through them gives both terms
     fit = dp_allreduce_fit(_allreduces({30e3: [5.06, 5.06, 90.0], 1e6: [7.0, 7.0]}))
     assert fit.a_s == pytest.approx(5e-3) and fit.b_s == pytest.approx(2e-9)
+    assert not fit.bound
     # larger calls no dearer (ranks sharing cores wait out their latency): a call's price only
     flat = dp_allreduce_fit(_allreduces({30e3: [6.0], 60e3: [5.0], 1e6: [5.5]}))
     assert flat.b_s == 0.0 and flat.a_s == pytest.approx(5.5e-3)
@@ -116,6 +117,12 @@ def test_one_size_prices_a_small_tables_call_and_a_large_tables_bytes_at_the_mos
     assert fit.a_s == pytest.approx(4e-3) and fit.b_s == pytest.approx(4e-9)
     cost = fit.cost
     assert cost(10e3) >= 4e-3 and cost(10e6) >= 40e-3
+    # the plan's evidence says it is a bound, not a line told apart
+    cal = Calibration("cpu", "gloo", 2, 64, {"dp_allreduce": fit}, None)
+    evidence = coefficients(preset("cpu-gloo", 2), cal).evidence_dict()["dp_allreduce"]
+    assert evidence["source"] == "measured" and "a bound" in evidence["from"]
+    read = Calibration.from_dict(cal.to_dict(), "calibration.json").ops["dp_allreduce"]
+    assert read.bound
 
 
 def _waits(waits_by_rank):

@@ -116,6 +116,7 @@ optimize-calibration-malformed | $OPT --calibration {malformed} $OUT | malformed
 optimize-calibration-other | $OPT --calibration {other} $OUT | {other}
 optimize-calibration-newer | $OPT --calibration {newercal} $OUT | version 99
 optimize-calibration-unmeasured | $OPT --calibration {heldcal} $OUT | held_out[0].unmeasured
+optimize-calibration-bound | $OPT --calibration {boundcal} $OUT | op 'dp_allreduce': bound
 optimize-topology-missing | $OPT --topology {tmp}/nope.json $OUT | nope.json
 optimize-topology-malformed | $OPT --topology {malformed} $OUT | malformed JSON
 optimize-topology-other | $OPT --topology {other} $OUT | {other}
@@ -270,6 +271,8 @@ def inputs(tmp_path, analyzed_profile) -> dict[str, Path]:
     put("newercal.json", {**calibration, "version": 99})
     held = {"profile": "p", "measured_step_s": 1.0, "predicted_step_s": 1.1, "unmeasured": 5}
     put("heldcal.json", {**calibration, "held_out": [held]})
+    bound = {**calibration["ops"]["lookup_fwd"], "bound": "yes"}
+    put("boundcal.json", {**calibration, "ops": {**calibration["ops"], "dp_allreduce": bound}})
     put("badcal/calibration.json", "{")
     manifest = json.loads((analyzed_profile / "manifest.json").read_text())
     put("badmanifest/manifest.json", "{")

@@ -119,8 +119,9 @@ def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
     without data-parallel tables), they cannot: each term is then taken at the most the calls
     allow, the fixed cost at the median call's transfer and the per-byte cost at the calls'
     seconds over their bytes, so that neither a small table's call nor a large table's bytes are
-    priced below what they may cost. (A rate alone prices a small table's call at a fraction of
-    the latency every call pays, which on ranks that share cores is most of the call.)
+    priced below what they may cost (the fit says so: `bound`). (A rate alone prices a small
+    table's call at a fraction of the latency every call pays, which on ranks that share cores
+    is most of the call.)
 
     Args:
         nodes: graph nodes (`kind`, `part`, `bytes`, `transfer_s`, `dur_s` columns).
@@ -144,9 +145,12 @@ def dp_allreduce_fit(nodes: pd.DataFrame) -> OpFit | None:
             a, b = float(np.median(seconds)), 0.0
         elif a < 0.0:
             a, b = 0.0, rate
+        bound = False
     else:
-        a, b = float(np.median(seconds)), rate
-    return OpFit(x=UNITS["dp_allreduce"], a_s=a, b_s=b, r2=0.0, n=int(len(dp)), overlap=0.0)
+        a, b, bound = float(np.median(seconds)), rate, True
+    return OpFit(
+        x=UNITS["dp_allreduce"], a_s=a, b_s=b, r2=0.0, n=int(len(dp)), overlap=0.0, bound=bound
+    )
 
 
 def tables_allreduce_s(manifest: Mapping[str, Any], ops: Mapping[str, OpFit]) -> float:

@@ -272,7 +272,9 @@ def coefficients(
         they take those values but stay assumed, since a step pays more than a lone call (the
         cost model then prices them at a margin and counts splits as risky). The trainer's
         optimizer pass over data-parallel tables (`dense_grad_b_s`) is measured where profiles
-        that replicate different weights measured it (`ops.dense_optimizer`).
+        that replicate different weights measured it (`ops.dense_optimizer`). A data-parallel
+        all-reduce profiled at one call size is measured as a bound (`OpFit.bound`), and its
+        evidence says so.
     Raises:
         UserError: a calibration object with a wrong field (`Calibration.from_dict`).
     """
@@ -350,6 +352,13 @@ def coefficients(
         .with_evidence(MEASURED, origin, tuple(kw))
         .with_evidence(ASSUMED, f"by analogy with the all-to-all, {origin}", tuple(analogy))
     )
+    if dp is not None and dp.bound and "dp_allreduce" in kw:
+        measured = measured.with_evidence(
+            MEASURED,
+            f"{origin}; one call size: its fixed and per-byte costs each at the most the calls "
+            "allow (a bound)",
+            ("dp_allreduce",),
+        )
     piped = tuple(k for k in PIPELINE_NAMES if k in kw)
     if piped and cal.pipeline_profiles:  # measured on the plan's two profiles, one per pipeline
         measured = measured.with_evidence(MEASURED, " + ".join(cal.pipeline_profiles), piped)
