@@ -127,3 +127,15 @@ def test_a_measured_phi_reaches_the_optimizers_counts_of_large_shards_only():
         assert own[1].fwd_work == own[0].fwd_work
         uniq = t.unique(batches * 64 * 4.0) * share
         assert own[1].bwd_work - own[0].bwd_work == pytest.approx(4.0 * uniq * doublings)
+
+
+def test_analyze_says_which_weights_its_profiles_measured():
+    from sparselift.analysis.joint import check_lines
+    from sparselift.calibration import Calibration
+
+    fit = OpFit("work", 1e-4, 3e-9, 0.9, 40, footprint_weight=4.61)
+    lines = check_lines(Calibration("cpu", "gloo", 2, 64, {"lookup_bwd": fit}, None))
+    assert "  lookup_bwd unit refitted: κ kernel's, μ kernel's, φ 4.61" in lines
+    plain = OpFit("work", 1e-4, 3e-9, 0.9, 40)
+    lines = check_lines(Calibration("cpu", "gloo", 2, 64, {"lookup_bwd": plain}, None))
+    assert not any("unit refitted" in line for line in lines)
