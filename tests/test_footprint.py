@@ -11,7 +11,7 @@ import pytest
 
 from sparselift.analysis.samples import lookup_context, lookup_parts
 from sparselift.analysis.unit_fit import refit_unit
-from sparselift.calibration import lookup_unit
+from sparselift.calibration import Calibration, lookup_unit
 from sparselift.calibration_parts import OpFit
 from sparselift.kernels import (
     FLOAT_BYTES,
@@ -111,9 +111,14 @@ def test_the_unit_refit_measures_phi_where_shard_sizes_vary_and_leaves_it_out_wh
 
 
 def test_a_measured_phi_reaches_the_optimizers_counts_of_large_shards_only():
-    unit = lookup_unit({"lookup_bwd": OpFit("work", 1e-4, 3e-9, 0.9, 40, footprint_weight=4.0)})
+    ops = {"lookup_bwd": OpFit("work", 1e-4, 3e-9, 0.9, 40, footprint_weight=4.0)}
+    unit = lookup_unit(ops)
     assert unit.footprint("lookup_bwd") == 4.0 and unit.footprint("lookup_fwd") == 0.0
     topo = preset("cpu-gloo", 2)
+    measured = coefficients(topo, Calibration("cpu", "gloo", 2, 64, ops, None))
+    assert measured.lookup_unit == unit
+    evidence = measured.evidence_dict()["lookup_unit"]
+    assert evidence["source"] == "measured" and "floor (16 MiB) assumed" in evidence["from"]
     plain = coefficients(topo)
     with_phi = dataclasses.replace(plain, lookup_unit=unit)
     # 256 MiB: 4 doublings whole, 3 for a row-wise half; the floor's own size: none
@@ -130,7 +135,6 @@ def test_a_measured_phi_reaches_the_optimizers_counts_of_large_shards_only():
 
 def test_analyze_says_which_weights_its_profiles_measured():
     from sparselift.analysis.joint import check_lines
-    from sparselift.calibration import Calibration
 
     fit = OpFit("work", 1e-4, 3e-9, 0.9, 40, footprint_weight=4.61)
     lines = check_lines(Calibration("cpu", "gloo", 2, 64, {"lookup_bwd": fit}, None))

@@ -36,6 +36,7 @@ from sparselift.kernels import (
     CPU_CALL_S,
     CPU_DIST_B_S,
     CPU_WORK_B_S,
+    FOOTPRINT_FLOOR_BYTES,
     KERNEL_UNIT,
     LookupUnit,
 )
@@ -352,6 +353,12 @@ def coefficients(
         .with_evidence(MEASURED, origin, tuple(kw))
         .with_evidence(ASSUMED, f"by analogy with the all-to-all, {origin}", tuple(analogy))
     )
+    if unit.footprint_fwd or unit.footprint_bwd:  # φ measured, the floor it counts from not
+        measured = measured.with_evidence(
+            MEASURED,
+            f"{origin}; the footprint's floor ({FOOTPRINT_FLOOR_BYTES >> 20} MiB) assumed",
+            ("lookup_unit",),
+        )
     if dp is not None and dp.bound and "dp_allreduce" in kw:
         measured = measured.with_evidence(
             MEASURED,
