@@ -53,6 +53,12 @@ def footprint_doublings(nbytes: float) -> float:
     return math.log2(nbytes / FOOTPRINT_FLOOR_BYTES) if nbytes > FOOTPRINT_FLOOR_BYTES else 0.0
 
 
+def footprint_far(unique: float, rows: float, cols: float) -> float:
+    """A shard's `far` (`lookup_work`): its distinct rows times the doublings of its fp32
+    `rows` × `cols` past the floor, as the analysis and the optimizer both count it."""
+    return unique * footprint_doublings(rows * cols * FLOAT_BYTES)
+
+
 @dataclass(frozen=True)
 class LookupUnit:
     """The CPU work unit's weights: one distinct row costs κ ids, one pooled element μ ids, and a
@@ -136,7 +142,7 @@ def lookup_work(
         dim: the rows' width (CUDA only).
         bag_elems: pooled output elements written (bags × dim, summed over the call's tables).
         unit: the CPU unit's weights (the kernel benchmark's unless a calibration refitted them).
-        far: distinct rows, each times its shard's `footprint_doublings` (CPU only).
+        far: distinct rows, each times its shard's doublings (`footprint_far`; CPU only).
     Returns:
         The work units.
     Raises:

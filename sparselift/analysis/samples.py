@@ -20,11 +20,10 @@ import pandas as pd
 
 from sparselift.analysis.ordered import group_codes, ordered_sums
 from sparselift.kernels import (
-    FLOAT_BYTES,
     KERNEL_UNIT,
     LookupUnit,
     expected_unique,
-    footprint_doublings,
+    footprint_far,
     lookup_work,
 )
 
@@ -166,7 +165,7 @@ def lookup_parts(nodes: pd.DataFrame, ctx: LookupContext | None, world_size: int
                 bags = float(batch) * world_size
                 u = expected_unique(n, alpha, float(ctx.ids_per_table.get(t, 0.0))) * share
             unique += u
-            far += u * footprint_doublings(float(rows) * float(cols) * FLOAT_BYTES)
+            far += footprint_far(u, float(rows), float(cols))
             bag_elems += (ids if t in ctx.sequence else bags) * float(cols)
         rows_out.append((unique, bag_elems, far))
     parts = pd.DataFrame(

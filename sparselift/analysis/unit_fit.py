@@ -110,9 +110,8 @@ def _try(
     """The fit with the weights at indices `free` (0 κ, 1 μ, 2 φ) estimated, the others at
     `prior`."""
     ids, weighted = parts[:, 0], parts[:, 1:]
-    fixed = [w for i, w in enumerate(prior) if i not in free]
     rest = [i for i in range(3) if i not in free]
-    base = ids + (weighted[:, rest] @ np.asarray(fixed) if rest else 0.0)
+    base = ids + weighted[:, rest] @ np.asarray(prior)[rest]
     x = np.column_stack([np.ones(len(y)), base, weighted[:, list(free)]])
     if len(y) < x.shape[1] + MIN_DOF:
         return None

@@ -16,7 +16,7 @@ from sparselift.kernels import (
     LENGTH_BYTES,
     LookupUnit,
     both_ends,
-    footprint_doublings,
+    footprint_far,
     lookup_work,
     ring_allreduce_bytes,
 )
@@ -161,7 +161,7 @@ def _sparselift_counts(
     def work(
         ids: float, uniq: float, rows: float, cols: float, bags: float = W * B
     ) -> dict[str, float]:
-        dev, far = topo.device, uniq * footprint_doublings(rows * cols * FLOAT_BYTES)
+        dev, far = topo.device, footprint_far(uniq, rows, cols)
         return dict(
             fwd_work=lookup_work("lookup_fwd", dev, ids, uniq, cols, bags * cols, unit, far),
             bwd_work=lookup_work("lookup_bwd", dev, ids, uniq, cols, bags * cols, unit, far),
