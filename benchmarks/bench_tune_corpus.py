@@ -1,11 +1,12 @@
 """`sparselift tune` on seeded random workloads it has never seen, each verdict checked again.
 
 Per seed, a workload spec from `synthetic.trainable_workload` (12–24 tables, rows 10³–2·10⁶,
-mixed dims and poolings) is tuned on `--nproc` ranks exactly as a user would run it
-(`sparselift tune --workload SPEC --out plan.json`). Then the plan it wrote is measured again
-against TorchRec's plan in a fresh job with another seed (other weights and batches): two models
-of each side by side, `--confirm-rounds` rounds, the interval `tune` ships on
-(`tune_ab.run_ab`). A shipped plan whose confirmation is below 1 is a false ship; a kept
+mixed dims and poolings; or, with `--family varied`, `synthetic.varied_workload`: any arch,
+4–28 tables, shared features, fp16 and sequence tables) is tuned on `--nproc` ranks exactly as
+a user would run it (`sparselift tune --workload SPEC --out plan.json`). Then the plan it
+wrote is measured again against TorchRec's plan in a fresh job with another seed (other weights
+and batches): two models of each side by side, `--confirm-rounds` rounds, the interval `tune`
+ships on (`tune_ab.run_ab`). A shipped plan whose confirmation is below 1 is a false ship; a kept
 TorchRec plan is confirmed only where `--confirm-kept` asks (it is TorchRec's plan against
 itself).
 
@@ -15,6 +16,7 @@ rank's expected lateness that prediction includes (`sparselift.spread`) and its 
 it, the A/B and its interval, what was shipped, the confirmation, and the wall time.
 
     .venv/bin/python benchmarks/bench_tune_corpus.py [--seeds 0 1 2 3 4 5] [--nproc 2]
+        [--family held-out|varied]
         [--confirm-rounds 6] [--confirm-kept] [--work DIR] [--json out.json] [--quick]
 """
 
@@ -32,12 +34,13 @@ from typing import Any
 
 from cli_steps import CLI
 
-from sparselift.optimizer.synthetic import trainable_workload
+from sparselift.optimizer.synthetic import trainable_workload, varied_workload
 from sparselift.tune_ab import run_ab
 from sparselift.workloads.harness import TrainConfig
 
 QUICK_TUNE = ["--rounds", "4", "--more-rounds", "0", "--max-iterations", "1"]
 FIRST_CANDIDATE = "plan1.json"  # the first plan tune makes (`tune.py`)
+FAMILIES = {"held-out": trainable_workload, "varied": varied_workload}
 CONFIRM_SEED = 1  # tune trains with seed 0; the confirmation with other weights and batches
 
 
@@ -99,7 +102,7 @@ def run_seed(seed: int, root: Path, args: argparse.Namespace) -> dict[str, Any]:
     work = root / f"seed{seed}"
     work.mkdir(parents=True, exist_ok=True)
     spec = work / "spec.json"
-    workload = trainable_workload(seed)
+    workload = FAMILIES[args.family](seed)
     spec.write_text(json.dumps(workload, indent=1))
     result, wall = tune(spec, work, args.nproc, QUICK_TUNE if args.quick else [])
     row: dict[str, Any] = {
@@ -175,6 +178,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="held-out")
     ap.add_argument("--confirm-rounds", type=int, default=6)
     ap.add_argument(
         "--confirm-kept", action="store_true", help="also re-measure where TorchRec's plan was kept"

@@ -17,8 +17,10 @@ sl=.venv/bin/sparselift
 mkdir -p "$out"
 
 echo "== 1/3 tune: $workload${max_rows:+ (rows capped at $max_rows)} on 2 ranks"
+# torch's profiler prints a "USDT:" line on each rank as it starts and stops: not the demo's story
 $sl tune --workload "$workload" "${rows[@]}" --nproc 2 --steps 30 --rounds "$rounds" \
-  --work "$out/tune" --html "$out/tune.html" --out "$out/plan.json" | grep '^tune: \(iteration\|optimize: \(choices\|kept\|no splits\)\|A/B\|SparseLift\|Sparse\)'
+  --work "$out/tune" --html "$out/tune.html" --out "$out/plan.json" \
+  2> >(grep -v '^USDT:' >&2) | grep '^tune: \(iteration\|optimize: \(choices\|kept\|no splits\)\|A/B\|SparseLift\|Sparse\)'
 # the names the notebooks read by default
 cp "$out/plan.json" "$out/sparselift.plan.json"
 cp "$out/tune/torchrec.plan.json" "$out/torchrec.plan.json"

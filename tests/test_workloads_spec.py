@@ -258,3 +258,32 @@ def test_trainable_workloads_are_seeded_valid_specs_in_their_stated_ranges():
         for t in spec.tables:
             assert 1_000 <= t.num_embeddings <= 2_000_000 and 16 <= t.embedding_dim <= 128
             assert 1 <= t.pooling_factor <= 30 and 0.6 <= t.zipf_alpha <= 1.2
+
+
+def test_varied_workloads_are_seeded_valid_specs_of_every_arch_in_their_stated_ranges():
+    """The second held-out family (`bench_tune_corpus --family varied`): seeded, each a valid
+    spec, within its stated ranges and caps, and drawing every arch and the rarer table kinds."""
+    from sparselift.optimizer.synthetic import (
+        VARIED_IDS_PER_STEP,
+        VARIED_WEIGHT_BYTES,
+        varied_workload,
+    )
+
+    specs = [parse_workload(varied_workload(seed), f"varied-{seed}") for seed in range(40)]
+    assert varied_workload(7) == varied_workload(7) != varied_workload(8)
+    assert {s.model.arch for s in specs} == {"dlrm", "dlrm-dcn", "concat-mlp"}
+    tables = [t for s in specs for t in s.tables]
+    assert any(len(t.features) == 2 for t in tables) and any(t.sequence for t in tables)
+    assert any(t.data_type == "fp16" for t in tables)
+    for s in specs:
+        assert 4 <= len(s.tables) <= 28 and 128 <= s.batch_size <= 2048
+        ids = sum(t.pooling_factor * len(t.features) for t in s.tables) * s.batch_size
+        assert ids <= VARIED_IDS_PER_STEP or s.batch_size == 128
+        weights = sum(
+            t.num_embeddings * t.embedding_dim * (2 if t.data_type == "fp16" else 4)
+            for t in s.tables
+        )
+        assert weights <= VARIED_WEIGHT_BYTES
+        for t in s.tables:
+            assert 1 <= t.pooling_factor <= 100 and 0.2 <= t.zipf_alpha <= 1.4
+            assert 8 <= t.embedding_dim <= 256 and t.num_embeddings <= 4_000_000

@@ -116,3 +116,69 @@ def trainable_workload(seed: int) -> dict[str, Any]:
         "model": {"arch": "concat-mlp", "dense_arch": [width, 64], "over_arch": [width, 1]},
         "tables": tables,
     }
+
+
+VARIED_WEIGHT_BYTES = 1 << 30  # the most weights a varied spec holds (tune's A/B trains 4 models)
+VARIED_IDS_PER_STEP = 400_000  # the most ids a rank's batch holds (a step of ~0.1–0.3 s on CPU)
+
+
+def varied_workload(seed: int) -> dict[str, Any]:
+    """A seeded workload spec of the shapes `trainable_workload` never draws, for measured
+    held-out checks (`bench_tune_corpus.py --family varied`): any of the three archs (one dim
+    for dlrm and dlrm-dcn, mixed dims 8–256 for concat-mlp), 4–28 tables of 10²–4·10⁶ rows,
+    fixed or Poisson poolings of mean 1–100, Zipf 0.2–1.4, a batch of 256–2048 per rank (halved,
+    down to 128, while it holds more than VARIED_IDS_PER_STEP ids), and
+    now and then a table two features share, an fp16 table or (concat-mlp) a sequence table.
+    Rows are scaled down, largest table first, until the weights fit VARIED_WEIGHT_BYTES. The
+    same seed gives the same spec.
+
+    Why a second family: a model that is right on one family of shapes can be wrong on another,
+    and a user's model is of neither."""
+    rng = random.Random(9000 + seed)
+    arch = rng.choice(("dlrm", "dlrm-dcn", "concat-mlp"))
+    one_dim = rng.choice((16, 32, 64, 128))
+    tables: list[dict[str, Any]] = []
+    for i in range(rng.randint(4, 28)):
+        t: dict[str, Any] = {
+            "name": f"v{i}",
+            "num_embeddings": int(math.exp(rng.uniform(math.log(1e2), math.log(4e6)))),
+            "embedding_dim": one_dim if arch != "concat-mlp" else rng.choice((8, 16, 32, 64, 256)),
+            "pooling_factor": rng.choice((1, 1, 2, 3, 5, 8, 15, 30, 60, 100)),
+            "pooling": rng.choice(("fixed", "poisson")),
+            "zipf_alpha": round(rng.uniform(0.2, 1.4), 2),
+        }
+        if rng.random() < 0.1:
+            t["feature_names"] = [f"v{i}_a", f"v{i}_b"]
+        elif rng.random() < 0.1:
+            t["data_type"] = "fp16"
+        elif arch == "concat-mlp" and rng.random() < 0.1:
+            t["sequence"] = True
+        tables.append(t)
+
+    def weight_bytes() -> int:
+        return sum(
+            t["num_embeddings"] * t["embedding_dim"] * (2 if t.get("data_type") else 4)
+            for t in tables
+        )
+
+    while weight_bytes() > VARIED_WEIGHT_BYTES:
+        largest = max(tables, key=lambda t: t["num_embeddings"] * t["embedding_dim"])
+        largest["num_embeddings"] //= 2
+    width = rng.choice((64, 128, 256))
+    model: dict[str, Any] = {
+        "arch": arch,
+        "dense_arch": [width, one_dim] if arch != "concat-mlp" else [width, 64],
+        "over_arch": [width, 1],
+    }
+    batch = rng.choice((256, 512, 1024, 2048))
+    lookups = sum(t["pooling_factor"] * len(t.get("feature_names", "x")) for t in tables)
+    while batch * lookups > VARIED_IDS_PER_STEP and batch > 128:
+        batch //= 2
+    return {
+        "name": f"varied-{seed}",
+        "description": f"seeded random held-out spec of varied shapes (seed {seed})",
+        "batch_size": batch,
+        "dense_in_features": rng.choice((4, 13, 32)),
+        "model": model,
+        "tables": tables,
+    }
