@@ -49,7 +49,7 @@ from sparselift.bench import MAX_ROUNDS
 from sparselift.calibration_parts import unmeasured_note
 from sparselift.errors import UserError
 from sparselift.profile_manifest import read_manifest, shared_cores
-from sparselift.tune_ab import fastest_beside_baseline, run_ab
+from sparselift.tune_ab import fastest_beside_baseline, run_ab, second_job_rounds
 from sparselift.tune_plans import calibration_plans, same_sharding
 from sparselift.workloads.harness import MAX_STEPS, TrainConfig
 
@@ -193,7 +193,8 @@ def tune(
         run_command: runs one `sparselift` command line (`sparselift.cli.main`).
         rounds: A/B rounds (turns of `cfg.steps` steps each, side by side in one job).
         more_rounds: rounds of a second A/B job where the first leaves the verdict open
-            (`tune_ab.run_ab`); None: `rounds`; 0: no second job.
+            (`tune_ab.run_ab`); None: `tune_ab.second_job_rounds`'s default (twice
+            `rounds`); 0: no second job.
         max_iterations: profiles of candidate plans at most (the baseline's is extra).
         profile_steps, after: profiled steps, and steady steps timed after the window.
         time_limit_s: `optimize --time-limit`.
@@ -214,7 +215,7 @@ def tune(
     if not 0.0 <= min_gain <= 10.0:  # NaN fails both
         raise UserError(f"--min-gain must be in 0..10, got {min_gain}")
     spec = cfg.validate()
-    more_rounds = rounds if more_rounds is None else more_rounds
+    more_rounds = second_job_rounds(rounds, more_rounds, MAX_ROUNDS)
     check_loop_args(cfg, rounds, profile_steps, after, time_limit_s, baseline)
     if not 0 <= more_rounds <= MAX_ROUNDS:
         raise UserError(f"--more-rounds must be in 0..{MAX_ROUNDS}, got {more_rounds:,}")

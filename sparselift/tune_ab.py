@@ -8,8 +8,9 @@ candidate ships only when the low end of the interval of the measured ratio, aga
 model of the baseline in each of its own models, is above 1.
 
 Where the first job leaves the verdict open (the median ratio above 1, the interval's low end
-not), a second job of more rounds is run and the rounds of both are judged together: a gain
-that 8 rounds cannot resolve from the host's noise is then shipped more often. Each of the two
+not), a second job of more rounds (by default SECOND_JOB_SCALE times the first's) is run and
+the rounds of both are judged together: a gain that 8 rounds cannot resolve from the host's
+noise is then shipped more often. Each of the two
 looks takes a (1 − (1 − CONFIDENCE) / 2) interval, so that both together keep CONFIDENCE
 (Bonferroni): looking twice does not ship a plan that is no faster more often than one look.
 """
@@ -28,6 +29,18 @@ from sparselift.workloads.harness import TrainConfig
 
 CONFIDENCE = 0.95  # of the verdict, over every look at the A/B's rounds together
 AB_MODELS = 2
+SECOND_JOB_SCALE = 2  # the second job's rounds, by default, per round of the first
+
+
+def second_job_rounds(rounds: int, more_rounds: int | None, most: int) -> int:
+    """The rounds of the A/B's second job: `more_rounds` where given, else SECOND_JOB_SCALE ×
+    `rounds`, at most `most`.
+
+    Why more than the first job's: the second job runs only where the first left the verdict
+    open, where the gain is near the host's noise; twice the rounds there ships such a gain
+    up to twice as often, and a plan that is no faster no more often (benchmarks/README.md,
+    "A second A/B job of twice the rounds")."""
+    return min(SECOND_JOB_SCALE * rounds, most) if more_rounds is None else more_rounds
 
 
 def fastest_beside_baseline(beside: list[tuple[str, float, float]], ended_at: str) -> str:

@@ -384,3 +384,15 @@ def test_a_second_look_ships_a_plan_that_is_no_faster_no_more_often(tmp_path):
 
     assert ship_rate(1.0, 8) <= max(ship_rate(1.0, 0), 0.05)
     assert ship_rate(1.05, 8) > ship_rate(1.05, 0)
+    # the default second job, twice the first's rounds: more often again, and still not a plan
+    # that is no faster
+    assert ship_rate(1.05, 16) > ship_rate(1.05, 8)
+    assert ship_rate(1.0, 16) <= max(ship_rate(1.0, 0), 0.05)
+
+
+def test_the_second_job_runs_twice_the_first_jobs_rounds_unless_told():
+    from sparselift.tune_ab import second_job_rounds
+
+    assert second_job_rounds(8, None, 1000) == 16
+    assert second_job_rounds(8, None, 10) == 10  # never past the harness's limit
+    assert second_job_rounds(8, 5, 1000) == 5 and second_job_rounds(8, 0, 1000) == 0

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="A/B rounds of a second job where the first leaves the verdict open (median "
-        "faster, interval not past 1); default: --rounds; 0: one job only",
+        "faster, interval not past 1); default: 2 × --rounds; 0: one job only",
     )
     p.add_argument(
         "--max-iterations", type=int, default=3, help="candidate profiles at most (default 3)"
