@@ -10,9 +10,9 @@ model of the baseline in each of its own models, is above 1.
 Where the first job leaves the verdict open (the median ratio above 1, the interval's low end
 not), a second job of more rounds (by default SECOND_JOB_SCALE times the first's) is run and
 the rounds of both are judged together: a gain that 8 rounds cannot resolve from the host's
-noise is then shipped more often. Each of the two
-looks takes a (1 − (1 − CONFIDENCE) / 2) interval, so that both together keep CONFIDENCE
-(Bonferroni): looking twice does not ship a plan that is no faster more often than one look.
+noise is then shipped more often. Each of the two looks takes a (1 − (1 − CONFIDENCE) / 2)
+interval, so that both together keep CONFIDENCE (Bonferroni): looking twice does not ship a
+plan that is no faster more often than one look.
 """
 
 from __future__ import annotations

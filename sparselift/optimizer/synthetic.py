@@ -126,11 +126,11 @@ def varied_workload(seed: int) -> dict[str, Any]:
     """A seeded workload spec of the shapes `trainable_workload` never draws, for measured
     held-out checks (`bench_tune_corpus.py --family varied`): any of the three archs (one dim
     for dlrm and dlrm-dcn, mixed dims 8–256 for concat-mlp), 4–28 tables of 10²–4·10⁶ rows,
-    fixed or Poisson poolings of mean 1–100, Zipf 0.2–1.4, a batch of 256–2048 per rank (halved,
-    down to 128, while it holds more than VARIED_IDS_PER_STEP ids), and
-    now and then a table two features share, an fp16 table or (concat-mlp) a sequence table.
-    Rows are scaled down, largest table first, until the weights fit VARIED_WEIGHT_BYTES. The
-    same seed gives the same spec.
+    fixed or Poisson poolings of mean 1–100, Zipf 0.2–1.4, a batch of 256–2048 per rank, and now
+    and then a table two features share, an fp16 table or (concat-mlp) a sequence table. The
+    largest table's rows are halved until the weights fit VARIED_WEIGHT_BYTES, and the batch
+    (down to 128) until it holds at most VARIED_IDS_PER_STEP ids. The same seed gives the same
+    spec.
 
     Why a second family: a model that is right on one family of shapes can be wrong on another,
     and a user's model is of neither."""
@@ -157,7 +157,7 @@ def varied_workload(seed: int) -> dict[str, Any]:
 
     def weight_bytes() -> int:
         return sum(
-            t["num_embeddings"] * t["embedding_dim"] * (2 if t.get("data_type") else 4)
+            t["num_embeddings"] * t["embedding_dim"] * (2 if t.get("data_type") == "fp16" else 4)
             for t in tables
         )
 
@@ -171,7 +171,7 @@ def varied_workload(seed: int) -> dict[str, Any]:
         "over_arch": [width, 1],
     }
     batch = rng.choice((256, 512, 1024, 2048))
-    lookups = sum(t["pooling_factor"] * len(t.get("feature_names", "x")) for t in tables)
+    lookups = sum(t["pooling_factor"] * len(t.get("feature_names", [t["name"]])) for t in tables)
     while batch * lookups > VARIED_IDS_PER_STEP and batch > 128:
         batch //= 2
     return {
