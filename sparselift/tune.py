@@ -215,7 +215,7 @@ def tune(
     if not 0.0 <= min_gain <= 10.0:  # NaN fails both
         raise UserError(f"--min-gain must be in 0..10, got {min_gain}")
     spec = cfg.validate()
-    more_rounds = second_job_rounds(rounds, more_rounds, MAX_ROUNDS)
+    more_rounds = second_job_rounds(rounds, more_rounds)
     check_loop_args(cfg, rounds, profile_steps, after, time_limit_s, baseline)
     if not 0 <= more_rounds <= MAX_ROUNDS:
         raise UserError(f"--more-rounds must be in 0..{MAX_ROUNDS}, got {more_rounds:,}")

@@ -25,22 +25,22 @@ from pathlib import Path
 from sparselift.analysis.compare import ab_interval
 from sparselift.atomic import write_json
 from sparselift.bench import BenchResult, Contender, run_bench
-from sparselift.workloads.harness import TrainConfig
+from sparselift.workloads.harness import MAX_ROUNDS, TrainConfig
 
 CONFIDENCE = 0.95  # of the verdict, over every look at the A/B's rounds together
 AB_MODELS = 2
 SECOND_JOB_SCALE = 2  # the second job's rounds, by default, per round of the first
 
 
-def second_job_rounds(rounds: int, more_rounds: int | None, most: int) -> int:
+def second_job_rounds(rounds: int, more_rounds: int | None) -> int:
     """The rounds of the A/B's second job: `more_rounds` where given, else SECOND_JOB_SCALE ×
-    `rounds`, at most `most`.
+    `rounds`, at most the harness's MAX_ROUNDS.
 
     Why more than the first job's: the second job runs only where the first left the verdict
     open, where the gain is near the host's noise; twice the rounds there ships such a gain
     up to twice as often, and a plan that is no faster no more often (benchmarks/README.md,
     "A second A/B job of twice the rounds")."""
-    return min(SECOND_JOB_SCALE * rounds, most) if more_rounds is None else more_rounds
+    return min(SECOND_JOB_SCALE * rounds, MAX_ROUNDS) if more_rounds is None else more_rounds
 
 
 def fastest_beside_baseline(beside: list[tuple[str, float, float]], ended_at: str) -> str:

@@ -392,7 +392,8 @@ def test_a_second_look_ships_a_plan_that_is_no_faster_no_more_often(tmp_path):
 
 def test_the_second_job_runs_twice_the_first_jobs_rounds_unless_told():
     from sparselift.tune_ab import second_job_rounds
+    from sparselift.workloads.harness import MAX_ROUNDS
 
-    assert second_job_rounds(8, None, 1000) == 16
-    assert second_job_rounds(8, None, 10) == 10  # never past the harness's limit
-    assert second_job_rounds(8, 5, 1000) == 5 and second_job_rounds(8, 0, 1000) == 0
+    assert second_job_rounds(8, None) == 16
+    assert second_job_rounds(MAX_ROUNDS, None) == MAX_ROUNDS  # never past the harness's limit
+    assert second_job_rounds(8, 5) == 5 and second_job_rounds(8, 0) == 0
