@@ -13,10 +13,9 @@ apart (median of 10 after 5 warm-up calls) and printed per id.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from bench_lookup_kernel import fwd_bwd_s
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
@@ -37,16 +36,7 @@ def time_calls(rows: int, dim: int, weights: SparseType, reps: int) -> tuple[flo
     )
     ids = torch.randint(0, rows, (IDS,), generator=torch.Generator().manual_seed(0))
     offsets = torch.arange(0, IDS + 1, IDS // BAGS)
-    grad = torch.ones(BAGS, dim)
-    fwd, bwd = [], []
-    for _ in range(reps + 5):
-        t0 = time.perf_counter()
-        out = tbe(ids, offsets)
-        t1 = time.perf_counter()
-        out.backward(grad)
-        fwd.append(t1 - t0)
-        bwd.append(time.perf_counter() - t1)
-    return statistics.median(fwd[5:]), statistics.median(bwd[5:])
+    return fwd_bwd_s(tbe, ids, offsets, torch.ones(BAGS, dim), reps)
 
 
 def main() -> None:

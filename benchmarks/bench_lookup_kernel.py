@@ -31,6 +31,26 @@ IDS, ROWS = 32768, 100_000
 PER_ID_S = {"lookup_fwd": 3.2e-9, "lookup_bwd": 11e-9}  # the kernels.py fits μ is relative to
 
 
+def fwd_bwd_s(
+    tbe: SplitTableBatchedEmbeddingBagsCodegen,
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    grad: torch.Tensor,
+    reps: int,
+) -> tuple[float, float]:
+    """Median forward and backward seconds of `reps` calls of `tbe` on (ids, offsets), the
+    backward given `grad`, after 5 warm-up calls."""
+    fwd, bwd = [], []
+    for _ in range(reps + 5):
+        t0 = time.perf_counter()
+        out = tbe(ids, offsets)
+        t1 = time.perf_counter()
+        out.backward(grad)
+        fwd.append(t1 - t0)
+        bwd.append(time.perf_counter() - t1)
+    return statistics.median(fwd[5:]), statistics.median(bwd[5:])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="5 calls a size")
@@ -47,15 +67,7 @@ def main() -> None:
             ids = torch.randint(0, ROWS, (IDS,))
             offsets = torch.arange(0, IDS + 1, IDS // bags)
             grad = torch.ones(bags, dim)
-            fwd, bwd = [], []
-            for _ in range(reps + 5):
-                t0 = time.perf_counter()
-                out = tbe(ids, offsets)
-                t1 = time.perf_counter()
-                out.backward(grad)
-                fwd.append(t1 - t0)
-                bwd.append(time.perf_counter() - t1)
-            points.append((bags * dim, statistics.median(fwd[5:]), statistics.median(bwd[5:])))
+            points.append((bags * dim, *fwd_bwd_s(tbe, ids, offsets, grad, reps)))
             print(
                 f"dim {dim:>3} bags {bags:>5}: forward {points[-1][1] * 1e3:.3f} ms, "
                 f"backward {points[-1][2] * 1e3:.3f} ms",
